@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# A scratch PostgreSQL cluster with lockext preloaded, owned by the postgres OS user,
+# listening on loopback only. PostgreSQL refuses to run as root, hence runuser.
+#
+#   scripts/cluster.sh start      initdb if needed, start, CREATE EXTENSION lockext
+#   scripts/cluster.sh stop       stop it
+#   scripts/cluster.sh restart    stop, then start
+#   scripts/cluster.sh psql ...   psql on it (arguments go to psql)
+#   scripts/cluster.sh shell      psql when there is a terminal; else run the demonstration
+#   scripts/cluster.sh destroy    stop it and delete its files
+#
+# LOCKEXT_PORT (default 5499) and LOCKEXT_HOME (default /tmp/lockext) choose where.
+set -euo pipefail
+
+PG_BIN=/usr/lib/postgresql/15/bin
+PORT=${LOCKEXT_PORT:-5499}
+HOME_DIR=${LOCKEXT_HOME:-/tmp/lockext}
+DATA=$HOME_DIR/data
+LOG=$HOME_DIR/postgres.log
+HERE=$(cd "$(dirname "$0")" && pwd)
+
+as_postgres() { runuser -u postgres -- "$@"; }
+psql_() { "$PG_BIN/psql" -X -h 127.0.0.1 -p "$PORT" -U postgres -v ON_ERROR_STOP=1 "$@"; }
+
+init() {
+    [ -f "$DATA/PG_VERSION" ] && return
+    mkdir -p "$HOME_DIR"
+    chown postgres:postgres "$HOME_DIR"
+    as_postgres "$PG_BIN/initdb" -D "$DATA" -U postgres --auth=trust --encoding=UTF8 \
+        --locale=C.UTF-8 >/dev/null
+    cat >>"$DATA/postgresql.conf" <<CONF
+
+# lockext scratch cluster
+listen_addresses = '127.0.0.1'
+port = $PORT
+unix_socket_directories = '$HOME_DIR'
+max_connections = 200
+shared_preload_libraries = 'lockext'
+lockext.database = 'postgres'
+lockext.reap_interval = '1s'
+log_line_prefix = '%m [%p] %b '
+CONF
+}
+
+running() { as_postgres "$PG_BIN/pg_ctl" -D "$DATA" status >/dev/null 2>&1; }
+
+start() {
+    init
+    if ! running; then
+        as_postgres "$PG_BIN/pg_ctl" -D "$DATA" -l "$LOG" -w -t 60 start >/dev/null
+    fi
+    psql_ -q -d postgres -c "CREATE EXTENSION IF NOT EXISTS lockext" 2>&1 | grep -v NOTICE || true
+    echo "lockext is running: psql -h 127.0.0.1 -p $PORT -U postgres postgres  (log: $LOG)"
+}
+
+stop() {
+    if [ -f "$DATA/PG_VERSION" ] && running; then
+        as_postgres "$PG_BIN/pg_ctl" -D "$DATA" -m fast -w stop >/dev/null
+    fi
+}
+
+case "${1:-}" in
+    start) start ;;
+    stop) stop ;;
+    restart) stop; start ;;
+    psql) shift; psql_ -d postgres "$@" ;;
+    shell)
+        if [ -t 0 ] && [ -t 1 ]; then
+            psql_ -d postgres
+        else
+            psql_ -d postgres -f "$HERE/demo.sql"
+        fi ;;
+    destroy) stop; rm -rf "$HOME_DIR" ;;
+    *) sed -n '2,12p' "$0" >&2; exit 2 ;;
+esac

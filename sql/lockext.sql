@@ -1,0 +1,49 @@
+-- lockext's own objects. CREATE EXTENSION runs this first (pgrx "bootstrap"), before the
+-- functions that pgrx generates from src/, so the functions can name these objects.
+
+-- What lock_acquire hands back. A type of its own, not a table's row type, so that the
+-- table can gain columns without changing what callers receive.
+CREATE TYPE lockext.lock_grant AS (
+    lock_id     text,
+    owner       text,
+    fence_token bigint,
+    acquired_at timestamptz,
+    expires_at  timestamptz
+);
+
+-- Fencing tokens. NO CYCLE: a token that wrapped around would go backwards.
+-- CACHE 1: a per-backend cache would hand tokens out of order between sessions.
+CREATE SEQUENCE lockext.fence_token_seq AS bigint MINVALUE 1 NO CYCLE CACHE 1;
+
+-- One row per lease. A row whose expires_at has passed is a dead lease: acquire takes it
+-- over in place, and the reaper deletes it.
+CREATE TABLE lockext.locks (
+    lock_id     text        PRIMARY KEY,
+    owner       text        NOT NULL,
+    fence_token bigint      NOT NULL,
+    holder_role oid         NOT NULL,   -- the database role that took the grant
+    acquired_at timestamptz NOT NULL,
+    expires_at  timestamptz NOT NULL
+);
+-- The reaper's access path: expired leases, oldest first.
+CREATE INDEX locks_expires_at_idx ON lockext.locks (expires_at);
+
+-- The high-water mark of each fenced resource, and the data last accepted for it.
+CREATE TABLE lockext.resources (
+    resource_id text        PRIMARY KEY,
+    fence_token bigint      NOT NULL,
+    data        jsonb       NOT NULL,
+    updated_at  timestamptz NOT NULL
+);
+
+-- pg_dump skips extension members unless they are marked: without this a restore would
+-- bring back an empty token sequence and no high-water marks, and re-issue old tokens.
+SELECT pg_catalog.pg_extension_config_dump('lockext.locks', '');
+SELECT pg_catalog.pg_extension_config_dump('lockext.resources', '');
+SELECT pg_catalog.pg_extension_config_dump('lockext.fence_token_seq', '');
+
+-- Least privilege: nobody writes these tables but lockext's functions (SECURITY DEFINER).
+-- Reading them is harmless and useful to operators, so it is granted.
+REVOKE ALL ON lockext.locks, lockext.resources, lockext.fence_token_seq FROM PUBLIC;
+GRANT SELECT ON lockext.locks, lockext.resources TO PUBLIC;
+GRANT USAGE ON SCHEMA lockext TO PUBLIC;

@@ -1,0 +1,156 @@
+//! Every error a caller of lockext can meet, each with the SQLSTATE that README documents.
+//!
+//! Functions validate all their arguments before they touch a table, so bad input
+//! changes nothing: the error is raised before the first write.
+
+use pgrx::pg_sys::panic::ErrorReport;
+use pgrx::prelude::*;
+use pgrx::spi::SpiError;
+use pgrx::PgSqlErrorCode;
+
+/// Longest lock id, owner or resource id accepted, in bytes. Ids are b-tree keys; a bound
+/// keeps index entries small and tells a caller who passes a payload instead of a name.
+pub const MAX_ID_BYTES: usize = 256;
+
+/// Longest lease accepted. A lease is renewed by a live holder; a TTL longer than a day
+/// only keeps a dead client's lock from being cleaned up.
+pub const MAX_TTL_MICROS: i64 = 24 * 60 * 60 * 1_000_000;
+
+#[derive(Debug, thiserror::Error)]
+pub enum LockError {
+    #[error("{arg} must not be NULL")]
+    NullArgument { arg: &'static str },
+
+    #[error("{arg} must not be empty")]
+    EmptyIdentifier { arg: &'static str },
+
+    #[error("{arg} is {len} bytes long; the limit is {MAX_ID_BYTES} bytes")]
+    IdentifierTooLong { arg: &'static str, len: usize },
+
+    #[error("ttl must be positive, got {ttl}")]
+    TtlNotPositive { ttl: String },
+
+    #[error("ttl must be at most 1 day, got {ttl}")]
+    TtlTooLong { ttl: String },
+
+    #[error("{arg} must be positive, got {value}")]
+    TokenNotPositive { arg: &'static str, value: i64 },
+
+    #[error("fence token {token} was never issued (the highest issued is {highest})")]
+    TokenNeverIssued { token: i64, highest: i64 },
+
+    #[error("lockext cannot change leases or resources during recovery")]
+    ReadOnlyServer,
+
+    #[error("the server clock reads a time outside the timestamptz range")]
+    ClockOutOfRange,
+
+    #[error("lockext internal error: {0}")]
+    Spi(#[from] SpiError),
+}
+
+impl LockError {
+    pub fn sqlstate(&self) -> PgSqlErrorCode {
+        use PgSqlErrorCode::*;
+        match self {
+            LockError::NullArgument { .. } => ERRCODE_NULL_VALUE_NOT_ALLOWED, // 22004
+            LockError::EmptyIdentifier { .. }
+            | LockError::TtlNotPositive { .. }
+            | LockError::TtlTooLong { .. }
+            | LockError::TokenNotPositive { .. }
+            | LockError::TokenNeverIssued { .. } => ERRCODE_INVALID_PARAMETER_VALUE, // 22023
+            LockError::IdentifierTooLong { .. } => ERRCODE_STRING_DATA_RIGHT_TRUNCATION, // 22001
+            LockError::ReadOnlyServer => ERRCODE_READ_ONLY_SQL_TRANSACTION, // 25006
+            LockError::ClockOutOfRange => ERRCODE_DATETIME_FIELD_OVERFLOW, // 22008
+            LockError::Spi(_) => ERRCODE_INTERNAL_ERROR,                       // XX000
+        }
+    }
+
+    fn hint(&self) -> Option<&'static str> {
+        match self {
+            LockError::IdentifierTooLong { .. } => {
+                Some("Use a short name; keep payloads in fenced_update's data.")
+            }
+            LockError::TtlTooLong { .. } => {
+                Some("Take a shorter lease and renew it with lockext.lock_renew while you work.")
+            }
+            LockError::TokenNeverIssued { .. } => {
+                Some("Pass the fence_token that lockext.lock_acquire returned.")
+            }
+            LockError::ReadOnlyServer => Some("Connect to the primary server."),
+            _ => None,
+        }
+    }
+
+    /// Raises this error as a PostgreSQL ERROR. Unwinds through Rust (destructors run) and
+    /// aborts the caller's transaction, as any SQL error does.
+    pub fn report(self) -> ! {
+        let mut report = ErrorReport::new(self.sqlstate(), self.to_string(), "lockext");
+        if let Some(hint) = self.hint() {
+            report = report.set_hint(hint);
+        }
+        report.report(PgLogLevel::ERROR);
+        unreachable!("an ERROR report does not return")
+    }
+}
+
+/// The last step of every SQL-callable function: a value, or the error raised in SQL.
+pub trait OrReport<T> {
+    fn or_report(self) -> T;
+}
+
+impl<T> OrReport<T> for Result<T, LockError> {
+    fn or_report(self) -> T {
+        self.unwrap_or_else(|e| e.report())
+    }
+}
+
+/// A lock id, owner or resource id: present, not empty, not over-long.
+pub fn identifier<'a>(arg: &'static str, value: Option<&'a str>) -> Result<&'a str, LockError> {
+    let value = value.ok_or(LockError::NullArgument { arg })?;
+    if value.is_empty() {
+        return Err(LockError::EmptyIdentifier { arg });
+    }
+    if value.len() > MAX_ID_BYTES {
+        return Err(LockError::IdentifierTooLong { arg, len: value.len() });
+    }
+    Ok(value)
+}
+
+/// A lease length, normalised to plain microseconds so that expiry does not depend on the
+/// session's time zone (a "1 day" interval can be 23 or 25 hours across a DST change).
+pub fn ttl(value: Option<Interval>) -> Result<Interval, LockError> {
+    let value = value.ok_or(LockError::NullArgument { arg: "ttl" })?;
+    let micros = value.as_micros();
+    if micros <= 0 {
+        return Err(LockError::TtlNotPositive { ttl: value.to_string() });
+    }
+    if micros > i128::from(MAX_TTL_MICROS) {
+        return Err(LockError::TtlTooLong { ttl: value.to_string() });
+    }
+    // Both casts are in range by the checks above, and months = days = 0 cannot mismatch.
+    Interval::new(0, 0, micros as i64).map_err(|_| LockError::TtlTooLong { ttl: value.to_string() })
+}
+
+/// A fence token the caller must give.
+pub fn token(arg: &'static str, value: Option<i64>) -> Result<i64, LockError> {
+    let value = value.ok_or(LockError::NullArgument { arg })?;
+    optional_token(arg, Some(value)).map(|_| value)
+}
+
+/// A fence token the caller may leave NULL (meaning "whichever grant I hold").
+pub fn optional_token(arg: &'static str, value: Option<i64>) -> Result<Option<i64>, LockError> {
+    match value {
+        Some(v) if v <= 0 => Err(LockError::TokenNotPositive { arg, value: v }),
+        other => Ok(other),
+    }
+}
+
+/// lockext writes on every call but lock_check-style reads; a standby cannot take writes,
+/// and would otherwise fail deep inside with a message that names no lease.
+pub fn writable_server() -> Result<(), LockError> {
+    if unsafe { pg_sys::RecoveryInProgress() } {
+        return Err(LockError::ReadOnlyServer);
+    }
+    Ok(())
+}

@@ -1,0 +1,43 @@
+//! lockext: leases on named locks, with fencing tokens, inside PostgreSQL.
+//!
+//! This file only wires the modules together; each concern lives in its own file.
+
+use pgrx::prelude::*;
+
+mod error;
+mod fence;
+mod lease;
+mod reaper;
+mod settings;
+mod statements;
+mod status;
+mod token;
+
+::pgrx::pg_module_magic!(name, version);
+
+// Types, tables, sequence and privileges, created before the functions that use them.
+extension_sql_file!("../sql/lockext.sql", name = "schema", bootstrap);
+
+#[pg_guard]
+pub extern "C-unwind" fn _PG_init() {
+    settings::define();
+    // Shared memory and background workers can only be set up at server start.
+    if unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
+        status::init_shared_memory();
+        reaper::register_launcher();
+    }
+}
+
+#[cfg(any(test, feature = "pg_test"))]
+mod tests;
+
+/// Required by `cargo pgrx test`.
+#[cfg(test)]
+pub mod pg_test {
+    pub fn setup(_options: Vec<&str>) {}
+
+    #[must_use]
+    pub fn postgresql_conf_options() -> Vec<&'static str> {
+        vec![]
+    }
+}

@@ -1,0 +1,308 @@
+//! The reaper: background workers that delete expired leases, so that a dead client's
+//! lease is cleaned up by the server and no DBA has to schedule a job.
+//!
+//! Two kinds of process, after the pattern of a launcher and its per-database workers:
+//! - the **launcher** (one, started with the server when lockext is preloaded) connects to
+//!   no database. It starts one reaper per database named in `lockext.database` that
+//!   exists, restarts a reaper that died, and stops one whose database left the list. A
+//!   missing database is logged once and looked for again later: nothing crash-loops.
+//! - a **reaper** connects to its database, and every `lockext.reap_interval` deletes
+//!   expired leases in batches of `lockext.reap_batch_size`, each batch its own short
+//!   transaction, skipping rows that a client has locked (`SKIP LOCKED`): it never waits
+//!   for a client and a client never waits for it.
+//!
+//! Both sleep on their latch, reload settings on SIGHUP, exit on SIGTERM or when the
+//! postmaster dies. They start only once the server accepts writes, so a hot standby runs
+//! none; after promotion the postmaster starts them.
+
+use std::collections::{HashMap, HashSet};
+use std::ffi::CStr;
+use std::panic::AssertUnwindSafe;
+use std::time::Duration;
+
+use pgrx::bgworkers::{
+    BackgroundWorker, BackgroundWorkerBuilder, BackgroundWorkerStatus, BgWorkerStartTime,
+    DynamicBackgroundWorker,
+    SignalWakeFlags,
+};
+use pgrx::datum::DatumWithOid;
+use pgrx::pg_sys::panic::CaughtError;
+use pgrx::pg_sys::BuiltinOid::*;
+use pgrx::prelude::*;
+
+use crate::error::LockError;
+use crate::settings;
+use crate::statements::{first_value, Statement};
+use crate::status::Reporter;
+
+/// How often the launcher looks at its reapers and the database list.
+const LAUNCHER_NAP: Duration = Duration::from_secs(5);
+/// How soon the postmaster restarts the launcher after a crash.
+const LAUNCHER_RESTART: Duration = Duration::from_secs(5);
+
+static EXTENSION_INSTALLED: Statement = Statement {
+    sql: "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'lockext')",
+    params: &[],
+};
+
+// Oldest first, through the expires_at index. FOR UPDATE re-checks expiry on the newest
+// version of each row, so a lease renewed a moment ago is left alone.
+static REAP_BATCH: Statement = Statement {
+    sql: "DELETE FROM lockext.locks AS l \
+           USING (SELECT lock_id FROM lockext.locks \
+                   WHERE expires_at <= pg_catalog.clock_timestamp() \
+                   ORDER BY expires_at \
+                   LIMIT $1 \
+                     FOR UPDATE SKIP LOCKED) AS doomed \
+           WHERE l.lock_id = doomed.lock_id",
+    params: &[INT4OID],
+};
+
+pub fn register_launcher() {
+    BackgroundWorkerBuilder::new("lockext launcher")
+        .set_type("lockext launcher")
+        .set_library("lockext")
+        .set_function("lockext_launcher_main")
+        .enable_spi_access()
+        .set_start_time(BgWorkerStartTime::RecoveryFinished)
+        .set_restart_time(Some(LAUNCHER_RESTART))
+        .load();
+}
+
+#[pg_guard]
+#[unsafe(no_mangle)]
+pub extern "C-unwind" fn lockext_launcher_main(_arg: pg_sys::Datum) {
+    BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
+    // No database: the launcher reads only pg_database, a shared catalog.
+    BackgroundWorker::connect_worker_to_spi(None, None);
+    let mut launcher = Launcher::default();
+    loop {
+        launcher.reconcile();
+        if !BackgroundWorker::wait_latch(Some(LAUNCHER_NAP)) {
+            break;
+        }
+        reload_settings_if_asked();
+    }
+    launcher.stop_all();
+}
+
+#[derive(Default)]
+struct Launcher {
+    reapers: HashMap<String, DynamicBackgroundWorker>,
+    reported_missing: HashSet<String>,
+}
+
+impl Launcher {
+    fn reconcile(&mut self) {
+        let wanted = settings::databases();
+        // Drop reapers that stopped (they are started again below) or are no longer wanted.
+        let stale: Vec<String> = self
+            .reapers
+            .iter()
+            .filter(|(db, worker)| !wanted.contains(db) || has_stopped(worker))
+            .map(|(db, _)| db.clone())
+            .collect();
+        for db in stale {
+            if let Some(worker) = self.reapers.remove(&db) {
+                if !has_stopped(&worker) {
+                    log!("lockext: stopping the reaper of database \"{db}\"");
+                    worker.terminate();
+                }
+            }
+        }
+        for db in wanted {
+            if !self.reapers.contains_key(&db) {
+                self.start(db);
+            }
+        }
+    }
+
+    fn start(&mut self, db: String) {
+        if !database_exists(&db) {
+            if self.reported_missing.insert(db.clone()) {
+                log!(
+                    "lockext: database \"{db}\" named in lockext.database does not exist; \
+                     its reaper will start when it does"
+                );
+            }
+            return;
+        }
+        self.reported_missing.remove(&db);
+        let started = BackgroundWorkerBuilder::new(&format!("lockext reaper {db}"))
+            .set_type("lockext reaper")
+            .set_library("lockext")
+            .set_function("lockext_reaper_main")
+            .enable_spi_access()
+            .set_extra(&db)
+            .set_notify_pid(unsafe { pg_sys::MyProcPid })
+            .set_restart_time(None)
+            .load_dynamic();
+        match started {
+            Ok(worker) => {
+                self.reapers.insert(db, worker);
+            }
+            Err(e) => {
+                log!("lockext: could not start the reaper of database \"{db}\": {e:?}")
+            }
+        }
+    }
+
+    fn stop_all(&mut self) {
+        for (_, worker) in self.reapers.drain() {
+            worker.terminate();
+        }
+    }
+}
+
+/// Whether `db` exists, read from pg_database with a plain scan: a process connected to no
+/// database cannot use catalog indexes until some backend has cached them.
+/// A reaper registered a moment ago has not started yet: that is not a dead one.
+fn has_stopped(worker: &DynamicBackgroundWorker) -> bool {
+    matches!(worker.pid(), Err(BackgroundWorkerStatus::Stopped | BackgroundWorkerStatus::PostmasterDied))
+}
+
+fn database_exists(db: &str) -> bool {
+    in_transaction(|| Ok(database_names().iter().any(|name| name == db))).unwrap_or(false)
+}
+
+fn database_names() -> Vec<String> {
+    let mut names = Vec::new();
+    unsafe {
+        let rel = pg_sys::table_open(pg_sys::DatabaseRelationId, pg_sys::AccessShareLock as _);
+        let scan = pg_sys::table_beginscan_catalog(rel, 0, std::ptr::null_mut());
+        loop {
+            let tuple = pg_sys::heap_getnext(scan, pg_sys::ScanDirection::ForwardScanDirection);
+            if tuple.is_null() {
+                break;
+            }
+            let header = (*tuple).t_data;
+            let row = (header as *const u8).add((*header).t_hoff as usize)
+                as *const pg_sys::FormData_pg_database;
+            let name = CStr::from_ptr((*row).datname.data.as_ptr());
+            names.push(name.to_string_lossy().into_owned());
+        }
+        pg_sys::table_endscan(scan);
+        pg_sys::table_close(rel, pg_sys::AccessShareLock as _);
+    }
+    names
+}
+
+#[pg_guard]
+#[unsafe(no_mangle)]
+pub extern "C-unwind" fn lockext_reaper_main(_arg: pg_sys::Datum) {
+    BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
+    let db = BackgroundWorker::get_extra().to_string();
+    BackgroundWorker::connect_worker_to_spi(Some(&db), None);
+    unsafe { pg_sys::pgstat_report_appname(c"lockext reaper".as_ptr()) };
+    let reporter = Reporter::claim(unsafe { pg_sys::MyDatabaseId }, unsafe { pg_sys::MyProcPid });
+    let mut reported_no_extension = false;
+    loop {
+        if !unsafe { pg_sys::RecoveryInProgress() } {
+            match reap_round(&reporter) {
+                Ok(reaped) => {
+                    reported_no_extension = false;
+                    reporter.round_done(reaped, None);
+                }
+                Err(RoundError::NoExtension) => {
+                    if !reported_no_extension {
+                        log!("lockext: extension lockext is not installed in database \"{db}\"; the reaper waits for it");
+                        reported_no_extension = true;
+                    }
+                    reporter.round_done(0, Some("extension lockext is not installed in this database"));
+                }
+                Err(RoundError::Failed { reaped, message }) => {
+                    log!("lockext: the reaper of database \"{db}\" failed: {message}");
+                    reporter.round_done(reaped, Some(&message));
+                }
+            }
+        }
+        let interval = Duration::from_millis(settings::REAP_INTERVAL_MS.get().max(1) as u64);
+        if !BackgroundWorker::wait_latch(Some(interval)) {
+            break;
+        }
+        reload_settings_if_asked();
+    }
+}
+
+enum RoundError {
+    NoExtension,
+    Failed { reaped: u64, message: String },
+}
+
+/// Deletes batches of expired leases until a batch comes back short. Returns how many.
+fn reap_round(reporter: &Reporter) -> Result<u64, RoundError> {
+    let installed = in_transaction(extension_installed)
+        .map_err(|message| RoundError::Failed { reaped: 0, message })?;
+    if !installed {
+        return Err(RoundError::NoExtension);
+    }
+    let mut reaped = 0u64;
+    loop {
+        let batch_size = settings::REAP_BATCH_SIZE.get();
+        let n = in_transaction(|| reap_batch(batch_size))
+            .map_err(|message| RoundError::Failed { reaped, message })?;
+        reaped += n;
+        reporter.batch(n);
+        if n < batch_size as u64 || BackgroundWorker::sigterm_received() {
+            return Ok(reaped);
+        }
+    }
+}
+
+fn extension_installed() -> Result<bool, LockError> {
+    Spi::connect_mut(|client| {
+        Ok(first_value::<bool>(EXTENSION_INSTALLED.run(client, &[])?)?.unwrap_or(false))
+    })
+}
+
+/// Deletes up to `limit` expired leases. Exposed to the tests, which run it in a backend.
+pub fn reap_batch(limit: i32) -> Result<u64, LockError> {
+    Spi::connect_mut(|client| {
+        Ok(REAP_BATCH.run(client, &[DatumWithOid::from(limit)])?.len() as u64)
+    })
+}
+
+/// Runs `body` in a transaction of its own: committed when it returns Ok, rolled back when
+/// it returns Err or raises an ERROR. The ERROR is caught and returned as a message, so one
+/// bad round never takes the worker down.
+fn in_transaction<R>(body: impl FnOnce() -> Result<R, LockError>) -> Result<R, String> {
+    unsafe {
+        pg_sys::SetCurrentStatementStartTimestamp();
+        pg_sys::StartTransactionCommand();
+        pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot());
+    }
+    let body = AssertUnwindSafe(body);
+    PgTryBuilder::new(move || {
+        let body = body;
+        let result = (body.0)().map_err(|e| e.to_string());
+        unsafe {
+            pg_sys::PopActiveSnapshot();
+            if result.is_ok() {
+                pg_sys::CommitTransactionCommand();
+            } else {
+                pg_sys::AbortCurrentTransaction();
+            }
+        }
+        result
+    })
+    .catch_others(|caught| {
+        unsafe { pg_sys::AbortCurrentTransaction() };
+        Err(caught_message(&caught))
+    })
+    .execute()
+}
+
+fn caught_message(caught: &CaughtError) -> String {
+    match caught {
+        CaughtError::PostgresError(report)
+        | CaughtError::ErrorReport(report)
+        | CaughtError::RustPanic { ereport: report, .. } => report.message().to_string(),
+    }
+}
+
+/// A worker must re-read postgresql.conf itself when told to (pg_reload_conf, SIGHUP).
+fn reload_settings_if_asked() {
+    if BackgroundWorker::sighup_received() {
+        unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
+    }
+}

@@ -1,0 +1,54 @@
+//! The SQL that lockext runs, prepared once per backend and kept.
+//!
+//! Each statement is a `static Statement`; its address is its identity in the cache. Values
+//! always travel as parameters, never spliced into the text, and every name is
+//! schema-qualified, so the statements mean the same whatever the caller's search_path.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+
+use pgrx::datum::DatumWithOid;
+use pgrx::pg_sys::{PgBuiltInOids, PgOid};
+use pgrx::spi::{OwnedPreparedStatement, SpiClient, SpiResult, SpiTupleTable};
+
+pub struct Statement {
+    pub sql: &'static str,
+    pub params: &'static [PgBuiltInOids],
+}
+
+thread_local! {
+    // A backend is single-threaded; a thread_local is its per-backend cache. Plans kept
+    // with SPI_keepplan are revalidated by PostgreSQL when the objects they use change
+    // (DROP/CREATE EXTENSION), so they are never stale.
+    static PLANS: RefCell<HashMap<usize, OwnedPreparedStatement>> = RefCell::new(HashMap::new());
+}
+
+impl Statement {
+    /// Runs the statement and returns its rows. May write: callers hold a mutable client.
+    pub fn run<'conn>(
+        &'static self,
+        client: &mut SpiClient<'conn>,
+        args: &[DatumWithOid<'_>],
+    ) -> SpiResult<SpiTupleTable<'conn>> {
+        let key = self as *const Statement as usize;
+        PLANS.with(|plans| {
+            let mut plans = plans.borrow_mut();
+            if !plans.contains_key(&key) {
+                let oids: Vec<PgOid> = self.params.iter().map(|&o| PgOid::BuiltIn(o)).collect();
+                let plan = client.prepare_mut(self.sql, &oids)?.keep();
+                plans.insert(key, plan);
+            }
+            client.update(&plans[&key], None, args)
+        })
+    }
+}
+
+/// The first column of the first row, or None when there is no row (or it is NULL).
+pub fn first_value<T: pgrx::IntoDatum + pgrx::FromDatum>(
+    rows: SpiTupleTable<'_>,
+) -> SpiResult<Option<T>> {
+    if rows.is_empty() {
+        return Ok(None);
+    }
+    rows.first().get_one::<T>()
+}

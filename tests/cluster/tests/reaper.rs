@@ -1,0 +1,218 @@
+//! The reaper, observed from outside: real server, real clients, real signals.
+
+use std::thread;
+use std::time::Duration;
+
+use lockext_cluster_tests::*;
+
+const INTERVAL: &str = "lockext.reap_interval = '200ms'\nlockext.reap_batch_size = 1000";
+
+fn acquire(c: &mut Client, lock: &str, owner: &str, ttl: &str) -> Option<i64> {
+    c.query_one(
+        "SELECT (lockext.lock_acquire($1, $2, $3::text::interval)).fence_token",
+        &[&lock, &owner, &ttl],
+    )
+    .expect("lock_acquire")
+    .get(0)
+}
+
+fn lease_exists(c: &mut Client, lock: &str) -> bool {
+    c.query_one("SELECT count(*) = 1 FROM lockext.locks WHERE lock_id = $1", &[&lock])
+        .expect("lease row")
+        .get(0)
+}
+
+fn set_and_reload(c: &mut Client, alter_system: &str) {
+    c.batch_execute(alter_system).unwrap();
+    c.batch_execute("SELECT pg_reload_conf()").unwrap();
+}
+
+#[test]
+fn expired_leases_disappear_without_any_call_and_live_ones_stay() {
+    let cluster = Cluster::start("reap-basic", INTERVAL);
+    let mut c = cluster.connect();
+    for i in 0..20 {
+        acquire(&mut c, &format!("short-{i}"), "dead-client", "300 milliseconds").unwrap();
+    }
+    acquire(&mut c, "live", "alive-client", "1 hour").unwrap();
+    acquire(&mut c, "renewed", "alive-client", "600 milliseconds").unwrap();
+
+    // Renewed just before it would expire: must survive every round after.
+    thread::sleep(Duration::from_millis(450));
+    let renewed: Option<std::time::SystemTime> = c
+        .query_one("SELECT lockext.lock_renew('renewed', 'alive-client', '1 hour')", &[])
+        .unwrap()
+        .get(0);
+    assert!(renewed.is_some(), "renewal of a live lease succeeds");
+
+    eventually(Duration::from_secs(10), "the 20 expired leases are reaped", || {
+        (count_leases(&mut c) == 2).then_some(())
+    });
+    // Several more rounds: the live and the renewed lease stay.
+    thread::sleep(Duration::from_millis(1000));
+    assert!(lease_exists(&mut c, "live"));
+    assert!(lease_exists(&mut c, "renewed"));
+
+    let (total, rounds, error): (i64, i64, Option<String>) = {
+        let row = c
+            .query_one(
+                "SELECT reaped_total, rounds, last_error FROM lockext.reaper_status() WHERE database = 'postgres'",
+                &[],
+            )
+            .expect("reaper_status has a row for postgres");
+        (row.get(0), row.get(1), row.get(2))
+    };
+    assert_eq!(total, 20);
+    assert!(rounds >= 2, "rounds = {rounds}");
+    assert_eq!(error, None);
+}
+
+#[test]
+fn reaper_shows_in_pg_stat_activity_and_follows_reloaded_settings() {
+    let cluster = Cluster::start("reap-settings", INTERVAL);
+    let mut c = cluster.connect();
+    let pid = eventually(Duration::from_secs(10), "a reaper for postgres", || reaper_pid(&mut c, "postgres"));
+    let app: String = c
+        .query_one("SELECT application_name FROM pg_stat_activity WHERE pid = $1", &[&pid])
+        .unwrap()
+        .get(0);
+    assert_eq!(app, "lockext reaper");
+    let launchers: i64 = c
+        .query_one("SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'lockext launcher'", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(launchers, 1);
+
+    // A longer interval, reloaded with SIGHUP: leases now outlive their TTL for a while.
+    set_and_reload(&mut c, "ALTER SYSTEM SET lockext.reap_interval = '1h'");
+    eventually(Duration::from_secs(5), "SHOW sees the new interval", || {
+        let v: String = c.query_one("SHOW lockext.reap_interval", &[]).unwrap().get(0);
+        (v == "1h").then_some(())
+    });
+    thread::sleep(Duration::from_millis(500)); // the reaper finishes the sleep it was in
+    acquire(&mut c, "slow-reap", "dead-client", "100 milliseconds").unwrap();
+    thread::sleep(Duration::from_millis(1500));
+    assert!(lease_exists(&mut c, "slow-reap"), "with a 1h interval the reaper sleeps on");
+
+    // Back to fast: the reload's SIGHUP sets the reaper's latch, so it wakes at once
+    // instead of finishing its hour-long sleep.
+    set_and_reload(&mut c, "ALTER SYSTEM SET lockext.reap_interval = '200ms'");
+    eventually(Duration::from_secs(10), "the expired lease is reaped after the reload", || {
+        (!lease_exists(&mut c, "slow-reap")).then_some(())
+    });
+}
+
+#[test]
+fn hundred_thousand_expired_leases_clear_in_batches_while_clients_never_wait() {
+    let cluster = Cluster::start("reap-bulk", INTERVAL);
+    let mut c = cluster.connect();
+    // One transaction makes them all; they are all expired by the time it commits.
+    c.batch_execute(
+        "SELECT count(lockext.lock_acquire('bulk-' || g, 'dead-client', '1 millisecond')) \
+           FROM generate_series(1, 100000) g",
+    )
+    .unwrap();
+
+    // A client that keeps acquiring and releasing, on fresh locks and on the very expired
+    // leases the reaper is deleting. lock_timeout = 1ms: if any call ever waited for the
+    // reaper's row locks, it would fail with 55P03 instead of answering.
+    let url = cluster.url("postgres");
+    let client = thread::spawn(move || {
+        let mut c = Client::connect(&url, NoTls).unwrap();
+        c.batch_execute("SET lock_timeout = '1ms'").unwrap();
+        let (mut granted, mut refused) = (0u32, 0u32);
+        for i in 0..1500 {
+            let lock = if i % 2 == 0 { format!("fresh-{i}") } else { format!("bulk-{}", 1 + (i * 61) % 100000) };
+            let token: Option<i64> = c
+                .query_one("SELECT (lockext.lock_acquire($1, 'busy-client', '1 minute')).fence_token", &[&lock])
+                .expect("acquire never waits for the reaper")
+                .get(0);
+            match token {
+                Some(t) => {
+                    granted += 1;
+                    let released: bool = c
+                        .query_one("SELECT lockext.lock_release($1, 'busy-client', $2)", &[&lock, &t])
+                        .expect("release never waits for the reaper")
+                        .get(0);
+                    assert!(released);
+                }
+                None => refused += 1,
+            }
+        }
+        (granted, refused)
+    });
+
+    let (granted, refused) = client.join().expect("client thread");
+    assert!(granted > 1000, "granted {granted}, refused {refused}");
+    eventually(Duration::from_secs(60), "all 100 000 expired leases are reaped", || {
+        (count_leases(&mut c) == 0).then_some(())
+    });
+    let (total, rounds): (i64, i64) = {
+        let row = c
+            .query_one("SELECT reaped_total, rounds FROM lockext.reaper_status() WHERE database = 'postgres'", &[])
+            .unwrap();
+        (row.get(0), row.get(1))
+    };
+    // Every bulk lease was either reaped or taken over by the client and released.
+    assert!(total <= 100_000 && total >= 100_000 - 1500, "reaped {total}");
+    assert!(rounds >= 1);
+}
+
+#[test]
+fn postmaster_restarts_a_killed_reaper_and_no_live_lease_is_lost() {
+    let cluster = Cluster::start("reap-kill", INTERVAL);
+    let mut c = cluster.connect();
+    let token = acquire(&mut c, "survivor", "alive-client", "1 hour").unwrap();
+    let old = eventually(Duration::from_secs(10), "a reaper", || reaper_pid(&mut c, "postgres"));
+    signal(old, "KILL");
+    // A SIGKILLed child makes the postmaster reset every backend; reconnect.
+    thread::sleep(Duration::from_millis(200));
+    let mut c = cluster.reconnect(Duration::from_secs(30));
+    let new = eventually(Duration::from_secs(30), "a new reaper", || {
+        reaper_pid(&mut c, "postgres").filter(|&p| p != old)
+    });
+    assert_ne!(new, old);
+    let row = c
+        .query_one("SELECT owner, fence_token FROM lockext.locks WHERE lock_id = 'survivor'", &[])
+        .expect("the live lease survived");
+    assert_eq!((row.get::<_, String>(0), row.get::<_, i64>(1)), ("alive-client".to_string(), token));
+    // And the new reaper works.
+    acquire(&mut c, "after-crash", "dead-client", "100 milliseconds").unwrap();
+    eventually(Duration::from_secs(10), "the new reaper reaps", || {
+        (!lease_exists(&mut c, "after-crash")).then_some(())
+    });
+}
+
+#[test]
+fn missing_database_and_missing_extension_are_logged_once_and_retried() {
+    let cluster = Cluster::start("reap-missing", &format!("{INTERVAL}\nlockext.database = 'postgres, appdb'"));
+    let mut c = cluster.connect();
+    // The launcher looks again every 5 s: let it look a few times.
+    thread::sleep(Duration::from_secs(12));
+    let missing = "database \"appdb\" named in lockext.database does not exist";
+    assert_eq!(cluster.log().matches(missing).count(), 1, "logged once:\n{}", cluster.log());
+    assert!(!cluster.log().contains("FATAL"), "no crash loop:\n{}", cluster.log());
+
+    c.batch_execute("CREATE DATABASE appdb").unwrap();
+    let mut app = cluster.connect_to("appdb");
+    eventually(Duration::from_secs(20), "a reaper for appdb", || reaper_pid(&mut c, "appdb"));
+    eventually(Duration::from_secs(10), "the reaper reports the missing extension", || {
+        let row = c
+            .query_opt("SELECT last_error FROM lockext.reaper_status() WHERE database = 'appdb'", &[])
+            .unwrap()?;
+        row.get::<_, Option<String>>(0).filter(|e| e.contains("not installed"))
+    });
+    thread::sleep(Duration::from_secs(1));
+    assert_eq!(cluster.log().matches("is not installed in database \"appdb\"").count(), 1);
+
+    app.batch_execute("CREATE EXTENSION lockext").unwrap();
+    acquire(&mut app, "in-appdb", "dead-client", "100 milliseconds").unwrap();
+    eventually(Duration::from_secs(10), "appdb's reaper reaps", || {
+        (count_leases(&mut app) == 0).then_some(())
+    });
+    let error: Option<String> = c
+        .query_one("SELECT last_error FROM lockext.reaper_status() WHERE database = 'appdb'", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(error, None);
+}
