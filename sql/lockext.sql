@@ -11,9 +11,12 @@ CREATE TYPE lockext.lock_grant AS (
     expires_at  timestamptz
 );
 
--- Fencing tokens. NO CYCLE: a token that wrapped around would go backwards.
--- CACHE 1: a per-backend cache would hand tokens out of order between sessions.
-CREATE SEQUENCE lockext.fence_token_seq AS bigint MINVALUE 1 NO CYCLE CACHE 1;
+-- The counter in the low 43 bits of every fencing token (the epoch is in the high bits:
+-- see src/token.rs). NO CYCLE and MAXVALUE: a counter that wrapped, or spilled into the
+-- epoch bits, would go backwards. CACHE 1: a per-backend cache would hand tokens out of
+-- order between sessions.
+CREATE SEQUENCE lockext.fence_token_seq
+    AS bigint MINVALUE 1 MAXVALUE 8796093022207 NO CYCLE CACHE 1;
 
 -- One row per lease. A row whose expires_at has passed is a dead lease: acquire takes it
 -- over in place, and the reaper deletes it.
@@ -28,6 +31,18 @@ CREATE TABLE lockext.locks (
 -- The reaper's access path: expired leases, oldest first.
 CREATE INDEX locks_expires_at_idx ON lockext.locks (expires_at);
 
+-- The token epoch (high bits of every token, see src/token.rs) and the identity of the
+-- history it was raised for. One row at most; none until the first grant.
+CREATE TABLE lockext.token_epoch (
+    singleton         boolean     PRIMARY KEY CHECK (singleton),
+    epoch             integer     NOT NULL CHECK (epoch > 0),
+    system_identifier bigint      NOT NULL,
+    timeline          integer     NOT NULL,
+    database          oid         NOT NULL,
+    boot              bigint      NOT NULL,   -- 0 when lockext is not preloaded
+    raised_at         timestamptz NOT NULL
+);
+
 -- The high-water mark of each fenced resource, and the data last accepted for it.
 CREATE TABLE lockext.resources (
     resource_id text        PRIMARY KEY,
@@ -41,9 +56,10 @@ CREATE TABLE lockext.resources (
 SELECT pg_catalog.pg_extension_config_dump('lockext.locks', '');
 SELECT pg_catalog.pg_extension_config_dump('lockext.resources', '');
 SELECT pg_catalog.pg_extension_config_dump('lockext.fence_token_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('lockext.token_epoch', '');
 
 -- Least privilege: nobody writes these tables but lockext's functions (SECURITY DEFINER).
 -- Reading them is harmless and useful to operators, so it is granted.
-REVOKE ALL ON lockext.locks, lockext.resources, lockext.fence_token_seq FROM PUBLIC;
-GRANT SELECT ON lockext.locks, lockext.resources TO PUBLIC;
+REVOKE ALL ON lockext.locks, lockext.resources, lockext.token_epoch, lockext.fence_token_seq FROM PUBLIC;
+GRANT SELECT ON lockext.locks, lockext.resources, lockext.token_epoch TO PUBLIC;
 GRANT USAGE ON SCHEMA lockext TO PUBLIC;

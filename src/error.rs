@@ -42,6 +42,12 @@ pub enum LockError {
     #[error("lockext cannot change leases or resources during recovery")]
     ReadOnlyServer,
 
+    #[error("lockext.durability = epoch needs lockext in shared_preload_libraries")]
+    EpochModeNeedsPreload,
+
+    #[error("the token epoch space is exhausted")]
+    EpochsExhausted,
+
     #[error("the server clock reads a time outside the timestamptz range")]
     ClockOutOfRange,
 
@@ -62,6 +68,8 @@ impl LockError {
             LockError::IdentifierTooLong { .. } => ERRCODE_STRING_DATA_RIGHT_TRUNCATION, // 22001
             LockError::ReadOnlyServer => ERRCODE_READ_ONLY_SQL_TRANSACTION, // 25006
             LockError::ClockOutOfRange => ERRCODE_DATETIME_FIELD_OVERFLOW, // 22008
+            LockError::EpochModeNeedsPreload => ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE, // 55000
+            LockError::EpochsExhausted => ERRCODE_SEQUENCE_GENERATOR_LIMIT_EXCEEDED, // 2200H
             LockError::Spi(_) => ERRCODE_INTERNAL_ERROR,                       // XX000
         }
     }
@@ -78,6 +86,9 @@ impl LockError {
                 Some("Pass the fence_token that lockext.lock_acquire returned.")
             }
             LockError::ReadOnlyServer => Some("Connect to the primary server."),
+            LockError::EpochModeNeedsPreload => {
+                Some("Add lockext to shared_preload_libraries, or SET lockext.durability = grant.")
+            }
             _ => None,
         }
     }

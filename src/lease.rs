@@ -5,7 +5,7 @@
 //! release inside a transaction that is still open, the reaper deleting it) counts as
 //! not available, and the call answers at once. Row changes use `FOR UPDATE SKIP LOCKED`;
 //! the one change that has no row to lock yet, the first insert of a lock id, is claimed
-//! with a transaction-scoped lock that is only ever tried (`try_claim_new_lease`).
+//! with a transaction-scoped lock that is only ever tried (`try_claim`).
 //!
 //! Time is the server's clock as `clock_timestamp()` reads it, taken once per call, so all
 //! the tests of one call agree on "now" even if the clock steps while it runs.
@@ -26,9 +26,9 @@ use crate::token::{self, mint_sql};
 const CLAIM_TAG: u16 = 0x4C4B;
 
 // Parameters shared by the acquire statements: $1 lock_id, $2 owner, $3 calling role,
-// $4 ttl, $5 now.
+// $4 ttl, $5 now, $6 token epoch.
 const ACQUIRE_PARAMS: &[pg_sys::PgBuiltInOids] =
-    &[TEXTOID, TEXTOID, OIDOID, INTERVALOID, TIMESTAMPTZOID];
+    &[TEXTOID, TEXTOID, OIDOID, INTERVALOID, TIMESTAMPTZOID, INT8OID];
 
 static PEEK: Statement = Statement {
     sql: "SELECT expires_at > $5 AND NOT (owner = $2 AND holder_role = $3) \
@@ -76,7 +76,8 @@ static INSERT_NEW: Statement = Statement {
 static RENEW: Statement = Statement {
     sql: "UPDATE lockext.locks AS l SET expires_at = $5 + $4 \
             FROM (SELECT lock_id FROM lockext.locks \
-                   WHERE lock_id = $1 AND owner = $2 AND holder_role = $3 AND expires_at > $5 \
+                   WHERE lock_id = $1 AND owner = $2 AND expires_at > $5 \
+                     AND (holder_role = $3 OR pg_has_role($3, 'lockext_admin', 'MEMBER')) \
                      AND ($6::bigint IS NULL OR fence_token = $6) \
                      FOR UPDATE SKIP LOCKED) AS c \
            WHERE l.lock_id = c.lock_id \
@@ -89,7 +90,8 @@ static RENEW: Statement = Statement {
 static RELEASE: Statement = Statement {
     sql: "DELETE FROM lockext.locks AS l \
            USING (SELECT lock_id, expires_at > $4 AS live FROM lockext.locks \
-                   WHERE lock_id = $1 AND owner = $2 AND holder_role = $3 \
+                   WHERE lock_id = $1 AND owner = $2 \
+                     AND (holder_role = $3 OR pg_has_role($3, 'lockext_admin', 'MEMBER')) \
                      AND ($5::bigint IS NULL OR fence_token = $5) \
                      FOR UPDATE SKIP LOCKED) AS c \
            WHERE l.lock_id = c.lock_id \
@@ -142,48 +144,58 @@ pub fn acquire(
     let owner = error::identifier("owner", owner)?;
     let ttl = error::ttl(ttl)?;
     error::writable_server()?;
-    let args = [
+    let mut args = [
         DatumWithOid::from(lock_id),
         owner.into(),
         calling_role().into(),
         ttl.into(),
         server_now()?.into(),
+        DatumWithOid::null::<i64>(), // the epoch, known once a grant is likely
     ];
-    let granted = Spi::connect_mut(|client| -> Result<Option<(Grant, bool)>, LockError> {
-        match first_value::<bool>(PEEK.run(client, &args)?)? {
-            Some(true) => Ok(None), // a live lease of someone else's
-            Some(false) => take_over(client, &args),
-            None if !try_claim_new_lease(lock_id) => Ok(None), // being created right now
+    Spi::connect_mut(|client| {
+        let held_by_other = first_value::<bool>(PEEK.run(client, &args)?)?;
+        if held_by_other == Some(true) {
+            return Ok(None); // a live lease of someone else's
+        }
+        args[5] = token::prepare_to_mint(client)?.into();
+        let granted = match held_by_other {
+            Some(_) => take_over(client, &args)?,
+            None if !try_claim(lock_id) => None, // being created right now
             None => match grant_row(INSERT_NEW.run(client, &args)?)? {
-                Some(grant) => Ok(Some(grant)),
-                None => take_over(client, &args), // created since we looked
+                Some(grant) => Some(grant),
+                None => take_over(client, &args)?, // created since we looked
             },
-        }
-    })?;
-    Ok(granted.map(|(grant, minted)| {
+        };
+        let Some(Granted { grant, minted }) = granted else { return Ok(None) };
         if minted {
-            token::commit_grant_durably();
+            token::after_mint();
         }
-        grant
-    }))
+        Ok(Some(grant))
+    })
+}
+
+struct Granted {
+    grant: Grant,
+    minted: bool,
 }
 
 fn take_over(
     client: &mut SpiClient<'_>,
     args: &[DatumWithOid<'_>],
-) -> Result<Option<(Grant, bool)>, LockError> {
+) -> Result<Option<Granted>, LockError> {
     grant_row(TAKE_OVER.run(client, args)?)
 }
 
-/// The (grant, minted-a-new-token) pair from an acquire statement's RETURNING, if any.
-fn grant_row(rows: pgrx::spi::SpiTupleTable<'_>) -> Result<Option<(Grant, bool)>, LockError> {
+/// The grant from an acquire statement's RETURNING, if any.
+fn grant_row(rows: pgrx::spi::SpiTupleTable<'_>) -> Result<Option<Granted>, LockError> {
     if rows.is_empty() {
         return Ok(None);
     }
     let row = rows.first();
-    let grant = row.get::<Grant>(1)?;
-    let minted = row.get::<bool>(2)?.unwrap_or(true);
-    Ok(grant.map(|g| (g, minted)))
+    let (Some(grant), Some(minted)) = (row.get::<Grant>(1)?, row.get::<bool>(2)?) else {
+        return Ok(None);
+    };
+    Ok(Some(Granted { grant, minted }))
 }
 
 pub fn renew(
@@ -242,7 +254,7 @@ fn calling_role() -> pg_sys::Oid {
     unsafe { pg_sys::GetOuterUserId() }
 }
 
-/// Claims the creation of `lock_id`'s first row for this transaction, without waiting.
+/// Claims the creation of a lock id's first row for this transaction, without waiting.
 ///
 /// A row being inserted by an open transaction cannot be locked, and an INSERT that meets
 /// it waits for that transaction to end. So whoever inserts a lease first takes this lock,
@@ -254,8 +266,8 @@ fn calling_role() -> pg_sys::Oid {
 /// transaction keeps at most half that many: past it (a bulk load of leases in one
 /// transaction), a claim is only tested, not kept, so the call still never waits, but a
 /// rival creating one of those same ids may wait for the bulk transaction to end.
-fn try_claim_new_lease(lock_id: &str) -> bool {
-    let hash = fnv1a(lock_id.as_bytes());
+pub fn try_claim(key: &str) -> bool {
+    let hash = fnv1a(key.as_bytes());
     let tag = pg_sys::LOCKTAG {
         locktag_field1: unsafe { pg_sys::MyDatabaseId }.to_u32(),
         locktag_field2: (hash >> 32) as u32,

@@ -17,13 +17,20 @@ mod token;
 
 // Types, tables, sequence and privileges, created before the functions that use them.
 extension_sql_file!("../sql/lockext.sql", name = "schema", bootstrap);
+// Roles and EXECUTE grants, once the functions exist.
+extension_sql_file!("../sql/privileges.sql", name = "privileges", finalize);
 
 #[pg_guard]
 pub extern "C-unwind" fn _PG_init() {
-    settings::define();
     // Shared memory and background workers can only be set up at server start.
-    if unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
+    let preloading = unsafe { pg_sys::process_shared_preload_libraries_in_progress };
+    if preloading {
+        settings::mark_preloaded();
+    }
+    settings::define();
+    if preloading {
         status::init_shared_memory();
+        token::init_shared_memory();
         reaper::register_launcher();
     }
 }

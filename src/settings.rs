@@ -1,9 +1,40 @@
 //! Every setting lockext reads, in one place. All are reloadable with SIGHUP (pg_reload_conf)
 //! and shown by SHOW; README lists them.
 
-use std::ffi::CString;
+use std::ffi::{c_void, CString};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
+use pgrx::{pg_guard, pg_sys, PostgresGucEnum};
+
+/// What a grant's commit waits for. README explains the trade-off.
+#[derive(PostgresGucEnum, Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Durability {
+    /// Every granting transaction commits synchronously.
+    #[name = c"grant"]
+    Grant,
+    /// Grants commit as the session says; boot epochs keep tokens safe through a crash.
+    #[name = c"epoch"]
+    Epoch,
+}
+
+pub static DURABILITY: GucSetting<Durability> = GucSetting::<Durability>::new(Durability::Grant);
+
+// Set in the postmaster before it forks, so every backend of a preloading server sees it.
+static PRELOADED: AtomicBool = AtomicBool::new(false);
+
+/// Whether lockext was loaded by shared_preload_libraries (shared memory, workers).
+pub fn preloaded() -> bool {
+    PRELOADED.load(Ordering::Relaxed)
+}
+
+pub fn mark_preloaded() {
+    PRELOADED.store(true, Ordering::Relaxed);
+}
+
+pub fn durability() -> Durability {
+    DURABILITY.get()
+}
 
 pub static DATABASE: GucSetting<Option<CString>> =
     GucSetting::<Option<CString>>::new(Some(c"postgres"));
@@ -11,6 +42,21 @@ pub static REAP_INTERVAL_MS: GucSetting<i32> = GucSetting::<i32>::new(1000);
 pub static REAP_BATCH_SIZE: GucSetting<i32> = GucSetting::<i32>::new(1000);
 
 pub fn define() {
+    unsafe { pg_sys::MarkGUCPrefixReserved(c"lockext".as_ptr()) };
+    unsafe {
+        GucRegistry::define_enum_guc_with_hooks(
+            c"lockext.durability",
+            c"What a grant's commit waits for: grant (flush every grant) or epoch.",
+            c"epoch commits grants as the session's synchronous_commit says and relies on \
+              token epochs raised at every boot; it needs shared_preload_libraries.",
+            &DURABILITY,
+            GucContext::Userset,
+            GucFlags::default(),
+            Some(check_durability),
+            None,
+            None,
+        );
+    }
     GucRegistry::define_string_guc(
         c"lockext.database",
         c"Databases whose expired leases the reaper clears (comma-separated).",
@@ -39,6 +85,24 @@ pub fn define() {
         GucContext::Sighup,
         GucFlags::default(),
     );
+}
+
+/// Refuses `epoch` where lockext is not preloaded: without boot epochs it would be unsafe.
+#[pg_guard]
+unsafe extern "C-unwind" fn check_durability(
+    newval: *mut i32,
+    _extra: *mut *mut c_void,
+    _source: pg_sys::GucSource::Type,
+) -> bool {
+    if unsafe { *newval } == Durability::Epoch as i32 && !preloaded() {
+        unsafe {
+            pg_sys::GUC_check_errdetail_string = pg_sys::pstrdup(
+                c"lockext.durability = epoch needs lockext in shared_preload_libraries.".as_ptr(),
+            );
+        }
+        return false;
+    }
+    true
 }
 
 /// The database names in `lockext.database`, trimmed, without empties or repeats.

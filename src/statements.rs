@@ -1,6 +1,7 @@
 //! The SQL that lockext runs, prepared once per backend and kept.
 //!
-//! Each statement is a `static Statement`; its address is its identity in the cache. Values
+//! Each statement is a `static Statement`; its text is its identity in the cache (not its
+//! address: the compiler may merge statics whose contents are equal). Values
 //! always travel as parameters, never spliced into the text, and every name is
 //! schema-qualified, so the statements mean the same whatever the caller's search_path.
 
@@ -20,7 +21,7 @@ thread_local! {
     // A backend is single-threaded; a thread_local is its per-backend cache. Plans kept
     // with SPI_keepplan are revalidated by PostgreSQL when the objects they use change
     // (DROP/CREATE EXTENSION), so they are never stale.
-    static PLANS: RefCell<HashMap<usize, OwnedPreparedStatement>> = RefCell::new(HashMap::new());
+    static PLANS: RefCell<HashMap<&'static str, OwnedPreparedStatement>> = RefCell::new(HashMap::new());
 }
 
 impl Statement {
@@ -30,7 +31,7 @@ impl Statement {
         client: &mut SpiClient<'conn>,
         args: &[DatumWithOid<'_>],
     ) -> SpiResult<SpiTupleTable<'conn>> {
-        let key = self as *const Statement as usize;
+        let key = self.sql;
         PLANS.with(|plans| {
             let mut plans = plans.borrow_mut();
             if !plans.contains_key(&key) {

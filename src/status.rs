@@ -2,8 +2,6 @@
 //! `lockext.reaper_status()`. Shared memory exists only when lockext is preloaded; without
 //! it there is no reaper, and the function returns no rows.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-
 use pgrx::lwlock::PgLwLock;
 use pgrx::prelude::*;
 use pgrx::{pg_shmem_init, PGRXSharedMemory};
@@ -49,12 +47,8 @@ unsafe impl PGRXSharedMemory for Board {}
 
 static BOARD: PgLwLock<Board> = unsafe { PgLwLock::new(c"lockext_reaper_status") };
 
-// Set in the postmaster before it forks, so every backend of a preloading server sees it.
-static PRELOADED: AtomicBool = AtomicBool::new(false);
-
 pub fn init_shared_memory() {
     pg_shmem_init!(BOARD);
-    PRELOADED.store(true, Ordering::Relaxed);
 }
 
 /// A reaper's handle on its slot, found or claimed by database oid.
@@ -128,7 +122,7 @@ fn reaper_status() -> TableIterator<
         name!(last_error, Option<String>),
     ),
 > {
-    if !PRELOADED.load(Ordering::Relaxed) {
+    if !crate::settings::preloaded() {
         return TableIterator::new(Vec::new());
     }
     let slots: Vec<ReaperSlot> =

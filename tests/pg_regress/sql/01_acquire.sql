@@ -5,6 +5,11 @@
 SELECT lock_id, owner, fence_token, expires_at - acquired_at AS lease
   FROM lockext.lock_acquire('orders', 'worker-1@host-a:4242', '30 seconds');
 
+-- A token is an epoch over a counter (see README, "Tokens"): era 1 (the WAL timeline of a
+-- fresh cluster), raise 0, and the first value of the counter.
+SELECT era, raise, counter
+  FROM lockext.locks, lockext.token_parts(fence_token) WHERE lock_id = 'orders';
+
 -- Anyone else is refused while the lease is live.
 SELECT lockext.lock_acquire('orders', 'worker-2@host-b:77', '30 seconds') IS NULL AS refused;
 

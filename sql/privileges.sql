@@ -1,0 +1,29 @@
+-- Who may do what; runs after the functions exist (pgrx "finalize").
+--
+-- lockext_user may take, renew and release leases and write fenced resources.
+-- lockext_admin (a member of lockext_user) may also renew and release leases that other
+-- roles took, for an operator clearing a stuck lock. Superusers are both.
+-- Roles belong to the whole cluster: they outlive DROP EXTENSION, and CREATE EXTENSION in
+-- another database finds them already there.
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = 'lockext_user') THEN
+        CREATE ROLE lockext_user NOLOGIN;
+    END IF;
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = 'lockext_admin') THEN
+        CREATE ROLE lockext_admin NOLOGIN IN ROLE lockext_user;
+    END IF;
+END $$;
+
+REVOKE ALL ON FUNCTION
+    lockext.lock_acquire(text, text, interval),
+    lockext.lock_renew(text, text, interval, bigint),
+    lockext.lock_release(text, text, bigint),
+    lockext.fenced_update(text, bigint, jsonb)
+FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION
+    lockext.lock_acquire(text, text, interval),
+    lockext.lock_renew(text, text, interval, bigint),
+    lockext.lock_release(text, text, bigint),
+    lockext.fenced_update(text, bigint, jsonb)
+TO lockext_user;

@@ -1,0 +1,59 @@
+-- Who may do what. lockext_user may call the lock functions; lockext_admin may also renew
+-- and release other roles' leases. Everyone may read the tables; nobody writes them but
+-- the functions, which run as their owner with a pinned search_path.
+SET client_min_messages = warning;
+DROP ROLE IF EXISTS regress_outsider, regress_app, regress_other_app, regress_ops;
+RESET client_min_messages;
+CREATE ROLE regress_outsider;
+CREATE ROLE regress_app IN ROLE lockext_user;
+CREATE ROLE regress_other_app IN ROLE lockext_user;
+CREATE ROLE regress_ops IN ROLE lockext_admin;
+\set VERBOSITY default
+
+SET ROLE regress_outsider;
+SELECT lockext.lock_acquire('vault', 'app-1', '1 minute');
+RESET ROLE;
+
+SET ROLE regress_app;
+SELECT owner FROM lockext.lock_acquire('vault', 'app-1', '1 minute');
+-- Reading is allowed, and shows who took the lease.
+SELECT lock_id, owner, holder_role::regrole FROM lockext.locks WHERE lock_id = 'vault';
+-- Writing the tables or moving the sequence directly is not.
+UPDATE lockext.locks SET expires_at = 'infinity' WHERE lock_id = 'vault';
+INSERT INTO lockext.resources VALUES ('vault', 9, '{}', now());
+SELECT nextval('lockext.fence_token_seq');
+SELECT setval('lockext.fence_token_seq', 1);
+RESET ROLE;
+
+-- A hijack attempt: look-alike functions and operators in a schema the caller puts first.
+-- lockext's functions run with search_path = pg_catalog, pg_temp and never call them.
+CREATE SCHEMA regress_evil AUTHORIZATION regress_app;
+SET ROLE regress_app;
+CREATE FUNCTION regress_evil.nextval(regclass) RETURNS bigint LANGUAGE sql AS 'SELECT 1::bigint';
+CREATE FUNCTION regress_evil.clock_timestamp() RETURNS timestamptz
+    LANGUAGE sql AS $$SELECT '2000-01-01'::timestamptz$$;
+CREATE FUNCTION regress_evil.always(text, text) RETURNS boolean LANGUAGE sql AS 'SELECT true';
+CREATE OPERATOR regress_evil.= (LEFTARG = text, RIGHTARG = text, FUNCTION = regress_evil.always);
+CREATE OPERATOR regress_evil.> (LEFTARG = timestamptz, RIGHTARG = timestamptz, FUNCTION = pg_catalog.timestamptz_lt);
+SET search_path = regress_evil, public;
+SELECT lockext.lock_acquire('vault', 'app-2', '1 minute') IS NULL AS still_refused;
+SELECT era >= 1 AND counter > 1 AS real_token
+  FROM lockext.lock_acquire('vault-2', 'app-1', '1 minute') g, lockext.token_parts(g.fence_token);
+RESET search_path;
+RESET ROLE;
+DROP SCHEMA regress_evil CASCADE;
+
+-- Another role cannot renew or release app-1's grant, even knowing its owner string.
+SET ROLE regress_other_app;
+SELECT lockext.lock_renew('vault', 'app-1', '1 minute') AS renewed;
+SELECT lockext.lock_release('vault', 'app-1') AS released;
+-- An operator can clear a stuck lock.
+SET ROLE regress_ops;
+SELECT lockext.lock_release('vault', 'app-1') AS released_by_admin;
+RESET ROLE;
+
+-- Functions and their EXECUTE rights.
+SELECT p.proname, pg_catalog.array_to_string(p.proacl, ' ') AS acl
+  FROM pg_proc p WHERE p.pronamespace = 'lockext'::regnamespace ORDER BY 1;
+
+DROP ROLE regress_outsider, regress_app, regress_other_app, regress_ops;
