@@ -43,11 +43,12 @@ CREATE TABLE lockext.token_epoch (
     raised_at         timestamptz NOT NULL
 );
 
--- The high-water mark of each fenced resource, and the data last accepted for it.
+-- The high-water mark of each fenced resource, and the document fenced_update last stored
+-- for it (NULL for a resource fenced only with lockext.fence).
 CREATE TABLE lockext.resources (
     resource_id text        PRIMARY KEY,
     fence_token bigint      NOT NULL,
-    data        jsonb       NOT NULL,
+    data        jsonb,
     updated_at  timestamptz NOT NULL
 );
 

@@ -15,15 +15,25 @@ BEGIN
     END IF;
 END $$;
 
+-- Writers of a table guarded by lockext.fence_guard need lockext_user too: the trigger
+-- runs with their rights and calls check_token and fence.
 REVOKE ALL ON FUNCTION
     lockext.lock_acquire(text, text, interval),
     lockext.lock_renew(text, text, interval, bigint),
     lockext.lock_release(text, text, bigint),
-    lockext.fenced_update(text, bigint, jsonb)
+    lockext.lock_check(text, bigint),
+    lockext.fenced_update(text, bigint, jsonb),
+    lockext.fence(text, bigint),
+    lockext.fence_advance(text, bigint),
+    lockext.check_token(bigint)
 FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION
     lockext.lock_acquire(text, text, interval),
     lockext.lock_renew(text, text, interval, bigint),
     lockext.lock_release(text, text, bigint),
-    lockext.fenced_update(text, bigint, jsonb)
+    lockext.lock_check(text, bigint),
+    lockext.fenced_update(text, bigint, jsonb),
+    lockext.fence(text, bigint),
+    lockext.fence_advance(text, bigint),
+    lockext.check_token(bigint)
 TO lockext_user;

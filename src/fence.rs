@@ -1,26 +1,48 @@
 //! Fencing: the resource side of the bargain. A write carries the writer's token, and a
 //! resource accepts it only if no higher token has written there before.
+//!
+//! Three ways in, one code path (`advance`):
+//! - `fenced_update` stores a JSON document for the resource (the article's resource);
+//! - `lockext.fence` (sql/fence.sql) checks and records the token inside the caller's own
+//!   transaction, so any write to any table in that transaction is fenced with it;
+//! - `lockext.fence_guard` (sql/fence.sql), a trigger keeping a fence per row of a user
+//!   table.
+//! The SQL wrappers raise the stale-token error themselves, with lockext's own SQLSTATE
+//! 55L01, which pgrx cannot carry through a Rust function.
 
 use pgrx::datum::DatumWithOid;
 use pgrx::pg_sys::BuiltinOid::*;
 use pgrx::prelude::*;
 
 use crate::error::{self, LockError, OrReport};
-use crate::statements::Statement;
+use crate::statements::{first_value, Statement};
 use crate::token;
 
 // Check and write are one statement: ON CONFLICT takes the resource's row lock, so two
 // writers of one resource run one after the other, and the second sees the first's token.
-// Equal tokens are accepted: that is the same grant writing again.
-static WRITE: Statement = Statement {
+// Equal tokens are accepted: that is the same grant writing again. $4 says whether the
+// write replaces the stored document (fenced_update) or only the token (fence).
+static ADVANCE: Statement = Statement {
     sql: "INSERT INTO lockext.resources AS r (resource_id, fence_token, data, updated_at) \
           VALUES ($1, $2, $3, clock_timestamp()) \
           ON CONFLICT (resource_id) DO UPDATE \
-             SET fence_token = EXCLUDED.fence_token, data = EXCLUDED.data, \
+             SET fence_token = EXCLUDED.fence_token, \
+                 data = CASE WHEN $4 THEN EXCLUDED.data ELSE r.data END, \
                  updated_at = EXCLUDED.updated_at \
            WHERE r.fence_token <= EXCLUDED.fence_token \
           RETURNING true",
-    params: &[TEXTOID, INT8OID, JSONBOID],
+    params: &[TEXTOID, INT8OID, JSONBOID, BOOLOID],
+};
+
+static HIGH_WATER_MARK: Statement = Statement {
+    sql: "SELECT fence_token FROM lockext.resources WHERE resource_id = $1",
+    params: &[TEXTOID],
+};
+
+static LEASE_IS_LIVE: Statement = Statement {
+    sql: "SELECT EXISTS (SELECT FROM lockext.locks \
+                          WHERE lock_id = $1 AND fence_token = $2 AND expires_at > clock_timestamp())",
+    params: &[TEXTOID, INT8OID],
 };
 
 /// Stores `data` for `resource_id` if `fence_token` is not older than the newest token
@@ -32,10 +54,34 @@ fn fenced_update(
     fence_token: Option<i64>,
     data: Option<pgrx::JsonB>,
 ) -> bool {
-    write(resource_id, fence_token, data).or_report()
+    fenced_write(resource_id, fence_token, data).or_report()
 }
 
-pub fn write(
+/// Records `fence_token` as `resource_id`'s high-water mark, in the caller's transaction
+/// and under the resource's row lock. Returns NULL when accepted, or the newer token that
+/// makes it stale. (`lockext.fence` turns the latter into an error.)
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
+#[search_path(pg_catalog, pg_temp)]
+fn fence_advance(resource_id: Option<&str>, fence_token: Option<i64>) -> Option<i64> {
+    fence_only(resource_id, fence_token).or_report()
+}
+
+/// Raises an error unless `fence_token` is a token lockext could have issued.
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
+#[search_path(pg_catalog, pg_temp)]
+fn check_token(fence_token: Option<i64>) {
+    checked_token(fence_token).or_report();
+}
+
+/// True while the grant with `fence_token` still holds a live lease on `lock_id`, by the
+/// server's clock (Chubby's CheckSequencer).
+#[pg_extern(volatile, parallel_safe)]
+#[search_path(pg_catalog, pg_temp)]
+fn lock_check(lock_id: Option<&str>, fence_token: Option<i64>) -> bool {
+    lease_is_live(lock_id, fence_token).or_report()
+}
+
+pub fn fenced_write(
     resource_id: Option<&str>,
     fence_token: Option<i64>,
     data: Option<pgrx::JsonB>,
@@ -43,10 +89,42 @@ pub fn write(
     let resource_id = error::identifier("resource_id", resource_id)?;
     let fence_token = error::token("fence_token", fence_token)?;
     let data = data.ok_or(LockError::NullArgument { arg: "data" })?;
+    advance(resource_id, fence_token, Some(data))
+}
+
+fn fence_only(resource_id: Option<&str>, fence_token: Option<i64>) -> Result<Option<i64>, LockError> {
+    let resource_id = error::identifier("resource_id", resource_id)?;
+    let fence_token = error::token("fence_token", fence_token)?;
+    if advance(resource_id, fence_token, None)? {
+        return Ok(None);
+    }
+    Spi::connect_mut(|client| {
+        Ok(first_value::<i64>(HIGH_WATER_MARK.run(client, &[resource_id.into()])?)?)
+    })
+}
+
+fn checked_token(fence_token: Option<i64>) -> Result<(), LockError> {
+    let fence_token = error::token("fence_token", fence_token)?;
+    Spi::connect_mut(|client| token::require_issued(client, fence_token))
+}
+
+/// The one path every fenced write takes: refuse forged tokens, then move the resource's
+/// high-water mark up (or keep it), storing `data` when given. False when stale.
+fn advance(resource_id: &str, fence_token: i64, data: Option<pgrx::JsonB>) -> Result<bool, LockError> {
     error::writable_server()?;
     Spi::connect_mut(|client| {
         token::require_issued(client, fence_token)?;
-        let args = [DatumWithOid::from(resource_id), fence_token.into(), data.into()];
-        Ok(!WRITE.run(client, &args)?.is_empty())
+        let replace = data.is_some();
+        let args = [DatumWithOid::from(resource_id), fence_token.into(), data.into(), replace.into()];
+        Ok(!ADVANCE.run(client, &args)?.is_empty())
+    })
+}
+
+fn lease_is_live(lock_id: Option<&str>, fence_token: Option<i64>) -> Result<bool, LockError> {
+    let lock_id = error::identifier("lock_id", lock_id)?;
+    let fence_token = error::token("fence_token", fence_token)?;
+    Spi::connect_mut(|client| {
+        let args = [DatumWithOid::from(lock_id), fence_token.into()];
+        Ok(first_value::<bool>(LEASE_IS_LIVE.run(client, &args)?)?.unwrap_or(false))
     })
 }

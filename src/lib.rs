@@ -17,6 +17,12 @@ mod token;
 
 // Types, tables, sequence and privileges, created before the functions that use them.
 extension_sql_file!("../sql/lockext.sql", name = "schema", bootstrap);
+// lockext.fence and the fence_guard trigger, over the Rust fence functions.
+extension_sql_file!(
+    "../sql/fence.sql",
+    name = "fence",
+    requires = [fence::fence_advance, fence::check_token]
+);
 // Roles and EXECUTE grants, once the functions exist.
 extension_sql_file!("../sql/privileges.sql", name = "privileges", finalize);
 

@@ -1,0 +1,76 @@
+-- Fencing in the caller's own transaction, in SQL because a stale token is reported with
+-- lockext's own SQLSTATE, 55L01, which only a SQL-level RAISE can set.
+--
+-- Why class 55 (object not in prerequisite state) and not class 40 (transaction rollback):
+-- drivers and ORMs retry class 40 errors automatically, and a retry with the same stale
+-- token can never succeed. The holder has lost its lease and must stop.
+
+-- Checks and records the token in the caller's transaction, under the resource's row lock;
+-- a stale token aborts the whole transaction, the caller's other writes with it:
+--   BEGIN; SELECT lockext.fence('acct:42', $token); UPDATE accounts ...; COMMIT;
+CREATE FUNCTION lockext.fence(resource_id text, fence_token bigint) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    newer bigint := lockext.fence_advance(resource_id, fence_token);
+BEGIN
+    IF newer IS NOT NULL THEN
+        RAISE EXCEPTION 'fence token % is stale for resource "%"', fence_token, resource_id
+            USING ERRCODE = '55L01',
+                  DETAIL = format('A holder with fence token %s has written since.', newer),
+                  HINT = 'This client''s lease was lost: stop, and acquire the lock again.';
+    END IF;
+END $$;
+
+-- A trigger that keeps a fence per row of a user table:
+--   CREATE TRIGGER t_fence BEFORE INSERT OR UPDATE ON t
+--       FOR EACH ROW EXECUTE FUNCTION lockext.fence_guard('fence_token' [, 'resource id']);
+-- Rejects a row whose token column is lower than the token already stored in that row;
+-- with a resource id, also fences that resource (lockext.fence) with the row's token.
+-- Runs with the writer's rights (a trigger running as the extension's owner would run the
+-- table's own type output functions with those rights).
+CREATE FUNCTION lockext.fence_guard() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    col       text;
+    new_row   jsonb;
+    new_token bigint;
+    old_token bigint;
+BEGIN
+    IF TG_WHEN <> 'BEFORE' OR TG_LEVEL <> 'ROW' OR TG_OP NOT IN ('INSERT', 'UPDATE') THEN
+        RAISE EXCEPTION 'lockext.fence_guard must be a BEFORE INSERT OR UPDATE ... FOR EACH ROW trigger'
+            USING ERRCODE = '39P01';
+    END IF;
+    IF TG_NARGS NOT IN (1, 2) THEN
+        RAISE EXCEPTION 'lockext.fence_guard takes the name of the token column, and optionally a resource id'
+            USING ERRCODE = '22023';
+    END IF;
+    col := TG_ARGV[0];
+    new_row := to_jsonb(NEW);
+    IF NOT new_row ? col THEN
+        RAISE EXCEPTION 'table %.% has no column "%" for lockext.fence_guard', TG_TABLE_SCHEMA, TG_TABLE_NAME, col
+            USING ERRCODE = '42703';
+    END IF;
+    IF jsonb_typeof(new_row -> col) NOT IN ('number', 'null') THEN
+        RAISE EXCEPTION 'column "%" of %.% must hold fence tokens (bigint)', col, TG_TABLE_SCHEMA, TG_TABLE_NAME
+            USING ERRCODE = '42804';
+    END IF;
+    new_token := (new_row ->> col)::bigint;
+    IF new_token IS NULL THEN
+        RAISE EXCEPTION 'a row of %.% must carry a fence token in "%"', TG_TABLE_SCHEMA, TG_TABLE_NAME, col
+            USING ERRCODE = '22004';
+    END IF;
+    PERFORM lockext.check_token(new_token);
+    IF TG_OP = 'UPDATE' THEN
+        old_token := (to_jsonb(OLD) ->> col)::bigint;
+        IF new_token < old_token THEN
+            RAISE EXCEPTION 'fence token % is stale for this row of %.%', new_token, TG_TABLE_SCHEMA, TG_TABLE_NAME
+                USING ERRCODE = '55L01',
+                      DETAIL = format('The row was written with fence token %s.', old_token),
+                      HINT = 'This client''s lease was lost: stop, and acquire the lock again.';
+        END IF;
+    END IF;
+    IF TG_NARGS = 2 THEN
+        PERFORM lockext.fence(TG_ARGV[1], new_token);
+    END IF;
+    RETURN NEW;
+END $$;

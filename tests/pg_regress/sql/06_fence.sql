@@ -1,0 +1,77 @@
+-- Fencing any table, in the same transaction as the write. Three patterns.
+\set VERBOSITY default
+\set SHOW_CONTEXT never
+CREATE TABLE accounts (id int PRIMARY KEY, balance int NOT NULL, written_by text);
+INSERT INTO accounts VALUES (42, 100, 'nobody');
+
+-- 1. lockext.fence(resource_id, fence_token) in the writing transaction.
+--    A takes the lock; its lease runs out while it is paused; B takes over.
+SELECT fence_token AS a FROM lockext.lock_acquire('acct:42', 'A', '20 milliseconds') \gset
+SELECT pg_sleep(0.05);
+SELECT fence_token AS b FROM lockext.lock_acquire('acct:42', 'B', '1 minute') \gset
+BEGIN;
+SELECT lockext.fence('acct:42', :b);
+UPDATE accounts SET balance = 80, written_by = 'B' WHERE id = 42;
+COMMIT;
+-- A wakes up and writes in its own transaction: the fence aborts all of it.
+BEGIN;
+SELECT lockext.fence('acct:42', :a);
+UPDATE accounts SET balance = 0, written_by = 'A' WHERE id = 42;
+COMMIT;
+SELECT * FROM accounts;
+-- The same grant may fence again; the mark is kept in lockext.resources (no document).
+SELECT lockext.fence('acct:42', :b);
+SELECT resource_id, fence_token = :b AS mark_is_b, data FROM lockext.resources WHERE resource_id = 'acct:42';
+-- fenced_update shares the mark: an older token cannot write through it either.
+SELECT lockext.fenced_update('acct:42', :a, '{"balance": 0}') AS stale_fenced_update;
+-- Forged tokens are refused as by fenced_update.
+SELECT lockext.fence('acct:42', :b + 1000000);
+
+-- 2. A trigger that keeps a fence per row: a stale UPDATE from any client is rejected.
+CREATE TABLE jobs (id int PRIMARY KEY, state text, fence_token bigint);
+CREATE TRIGGER jobs_fence BEFORE INSERT OR UPDATE ON jobs
+    FOR EACH ROW EXECUTE FUNCTION lockext.fence_guard('fence_token');
+INSERT INTO jobs VALUES (1, 'queued', :a);
+UPDATE jobs SET state = 'running', fence_token = :b WHERE id = 1;       -- higher: accepted
+UPDATE jobs SET state = 'running again', fence_token = :b WHERE id = 1; -- equal: accepted
+UPDATE jobs SET state = 'stale', fence_token = :a WHERE id = 1;         -- lower: rejected
+SELECT id, state, fence_token = :b AS holds_b FROM jobs;
+-- A row must carry a token, and a real one.
+UPDATE jobs SET fence_token = NULL WHERE id = 1;
+INSERT INTO jobs VALUES (2, 'forged', :b + 1000000);
+-- With a resource id, the row's token also fences that resource.
+CREATE TABLE ledger (id int PRIMARY KEY, amount int, fence_token bigint);
+CREATE TRIGGER ledger_fence BEFORE INSERT OR UPDATE ON ledger
+    FOR EACH ROW EXECUTE FUNCTION lockext.fence_guard('fence_token', 'ledger');
+INSERT INTO ledger VALUES (1, 10, :b);
+INSERT INTO ledger VALUES (2, 20, :a);  -- a new row, but the resource has seen :b
+SELECT id, amount FROM ledger;
+-- Misuse is reported clearly.
+CREATE TABLE untokened (id int);
+CREATE TRIGGER untokened_fence BEFORE INSERT ON untokened
+    FOR EACH ROW EXECUTE FUNCTION lockext.fence_guard('fence_token');
+INSERT INTO untokened VALUES (1);
+CREATE TABLE wrongtype (id int, fence_token text);
+CREATE TRIGGER wrongtype_fence BEFORE INSERT ON wrongtype
+    FOR EACH ROW EXECUTE FUNCTION lockext.fence_guard('fence_token');
+INSERT INTO wrongtype VALUES (1, 'abc');
+CREATE TRIGGER jobs_after AFTER UPDATE ON jobs
+    FOR EACH ROW EXECUTE FUNCTION lockext.fence_guard('fence_token');
+UPDATE jobs SET state = 'x', fence_token = :b WHERE id = 1;
+DROP TRIGGER jobs_after ON jobs;
+
+-- 3. lockext.lock_check(lock_id, fence_token): is that exact grant still live? With fence,
+--    a transaction can demand both the newest token and a live lease.
+SELECT lockext.lock_check('acct:42', :b) AS b_live, lockext.lock_check('acct:42', :a) AS a_live;
+SELECT lockext.lock_release('acct:42', 'B', :b);
+SELECT lockext.lock_check('acct:42', :b) AS b_live_after_release;
+
+-- The stale-token error has lockext's own SQLSTATE, 55L01.
+DO $$
+DECLARE mark bigint;
+BEGIN
+    SELECT fence_token INTO mark FROM lockext.resources WHERE resource_id = 'acct:42';
+    PERFORM lockext.fence('acct:42', mark - 1);
+EXCEPTION WHEN SQLSTATE '55L01' THEN
+    RAISE NOTICE 'caught SQLSTATE %', SQLSTATE;
+END $$;
