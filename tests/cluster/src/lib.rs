@@ -13,6 +13,8 @@ use std::time::{Duration, Instant};
 
 pub use postgres::{Client, NoTls};
 
+pub mod history;
+
 pub const PG_BIN: &str = "/usr/lib/postgresql/15/bin";
 
 pub struct Cluster {
@@ -21,16 +23,30 @@ pub struct Cluster {
     pub dir: PathBuf,
 }
 
+/// libfaketime, from Debian's `faketime` package.
+pub const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
+
 impl Cluster {
     /// Creates and starts a cluster with lockext preloaded and `extra_conf` appended to
     /// postgresql.conf, and creates the extension in database `postgres`.
     pub fn start(name: &str, extra_conf: &str) -> Cluster {
+        Cluster::start_with_env(name, extra_conf, &[])
+    }
+
+    /// As `start`, with extra environment variables for the server processes (for
+    /// instance `LD_PRELOAD` of libfaketime; see `faketime_env`). Values must not
+    /// contain single quotes.
+    pub fn start_with_env(name: &str, extra_conf: &str, env: &[(&str, &str)]) -> Cluster {
         let port = free_port();
         let dir = PathBuf::from(format!("/tmp/lockext-tests/{name}-{port}"));
         let _ = fs::remove_dir_all(&dir);
         fs::create_dir_all(&dir).expect("create cluster dir");
         run_checked(Command::new("chown").arg("-R").arg("postgres:postgres").arg("/tmp/lockext-tests"));
         let cluster = Cluster { name: name.to_string(), port, dir };
+        if !env.is_empty() {
+            let text: String = env.iter().map(|(k, v)| format!("{k}='{v}'\n")).collect();
+            fs::write(cluster.env_path(), text).expect("write server.env");
+        }
         cluster.as_postgres(&format!(
             "{PG_BIN}/initdb -D {} -U postgres --auth=trust --encoding=UTF8 --locale=C.UTF-8",
             cluster.data().display()
@@ -90,9 +106,17 @@ impl Cluster {
         }
     }
 
+    /// Extra environment of the server processes, as `sh` assignments, read by every
+    /// `pg_ctl` call when the file exists (see `start_with_env`).
+    pub fn env_path(&self) -> PathBuf {
+        self.dir.join("server.env")
+    }
+
     pub fn pg_ctl(&self, args: &str) {
+        let env = self.env_path();
+        let env = if env.exists() { format!("set -a; . {}; set +a; ", env.display()) } else { String::new() };
         self.as_postgres(&format!(
-            "{PG_BIN}/pg_ctl -D {} -l {} {args}",
+            "{env}{PG_BIN}/pg_ctl -D {} -l {} {args}",
             self.data().display(),
             self.log_path().display()
         ));
@@ -139,6 +163,52 @@ fn run_checked(cmd: &mut Command) {
 fn free_port() -> u16 {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a port");
     listener.local_addr().expect("local addr").port()
+}
+
+/// Environment that runs the server under libfaketime with its clock offset read from
+/// `offset_file` at every clock call (write e.g. `+4m`, `-90`, `+0` into it, atomically,
+/// to step the server's wall clock). Only the wall clock moves (CLOCK_REALTIME and
+/// friends); monotonic clocks and file timestamps stay real, as when NTP steps a clock.
+pub fn faketime_env(offset_file: &std::path::Path) -> Vec<(&'static str, String)> {
+    vec![
+        ("LD_PRELOAD", LIBFAKETIME.to_string()),
+        ("FAKETIME_TIMESTAMP_FILE", offset_file.display().to_string()),
+        ("FAKETIME_NO_CACHE", "1".to_string()),
+        ("FAKETIME_DONT_FAKE_MONOTONIC", "1".to_string()),
+        ("NO_FAKE_STAT", "1".to_string()),
+    ]
+}
+
+/// Writes a libfaketime offset (`+4m`, `-3m`, `+0`) so that readers never see half a file.
+pub fn set_fake_offset(offset_file: &std::path::Path, offset: &str) {
+    let tmp = offset_file.with_extension("tmp");
+    fs::write(&tmp, format!("{offset}\n")).expect("write faketime offset");
+    fs::rename(&tmp, offset_file).expect("rename faketime offset");
+}
+
+/// The pids of the direct children of `pid` (the server processes of a postmaster).
+pub fn children(pid: i32) -> Vec<i32> {
+    let mut out = Vec::new();
+    for entry in fs::read_dir("/proc").expect("read /proc").flatten() {
+        let Ok(child) = entry.file_name().to_string_lossy().parse::<i32>() else { continue };
+        if let Some((_, ppid)) = proc_stat(child) {
+            if ppid == pid {
+                out.push(child);
+            }
+        }
+    }
+    out
+}
+
+/// (state, parent pid) of a process from /proc/PID/stat; state 'T' is stopped.
+pub fn proc_stat(pid: i32) -> Option<(char, i32)> {
+    let text = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // "pid (comm) S ppid ...": comm may hold spaces and parentheses; it ends at the last ')'.
+    let rest = &text[text.rfind(')')? + 2..];
+    let mut fields = rest.split(' ');
+    let state = fields.next()?.chars().next()?;
+    let ppid = fields.next()?.parse().ok()?;
+    Some((state, ppid))
 }
 
 /// Sends a signal to a process (`kill -SIG pid`).
