@@ -358,19 +358,34 @@ fn crash_of_the_whole_server_under_load() {
     let mut c2 = cluster.reconnect(Duration::from_secs(30));
     let opts = CheckOptions { restarts: vec![Restart { kill_us, restarted_us }] };
     let history = run.history(&mut c2);
-    let before = history.ops.iter().filter(|o| o.kind == Kind::Acquire && o.ok() && o.end_us < kill_us).count();
-    let after = history.ops.iter().filter(|o| o.kind == Kind::Acquire && o.ok() && o.start_us > restarted_us).count();
+    let granted = |o: &&Op| o.kind == Kind::Acquire && o.ok();
+    let before: Vec<i64> =
+        history.ops.iter().filter(granted).filter(|o| o.end_us < kill_us).filter_map(|o| o.token).collect();
+    let after: Vec<i64> = history
+        .ops
+        .iter()
+        .filter(granted)
+        .filter(|o| o.start_us > restarted_us)
+        .filter_map(|o| o.token)
+        .filter(|t| !before.contains(t)) // a pre-crash grant given back to its owner
+        .collect();
+    let (highest_before, lowest_after) = (before.iter().max().copied(), after.iter().min().copied());
     let report = finish(
         &run,
         &mut c2,
         &opts,
         false,
         &format!(
-            "grants-acked-before-crash={before} after-restart={after} restart-ms={}",
+            "acquires-granted-before-crash={} after-restart={} highest-token-before={} lowest-new-token-after={} \
+             restart-ms={}",
+            before.len(),
+            after.len(),
+            highest_before.unwrap_or(0),
+            lowest_after.unwrap_or(0),
             (restarted_us - kill_us) / 1000
         ),
     );
-    assert!(before > 0 && after > 0, "grants before ({before}) and after ({after}) the crash");
+    assert!(!before.is_empty() && !after.is_empty(), "grants before ({before:?}) and after ({after:?}) the crash");
     assert!(report.failed_ops > 0, "the crash was felt by the clients");
 }
 
