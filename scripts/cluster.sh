@@ -49,7 +49,8 @@ start() {
     if ! running; then
         as_postgres "$PG_BIN/pg_ctl" -D "$DATA" -l "$LOG" -w -t 60 start >/dev/null
     fi
-    psql_ -q -d postgres -c "CREATE EXTENSION IF NOT EXISTS lockext" 2>&1 | grep -v NOTICE || true
+    # A cluster made by an older build gets the extension updated to this build's version.
+    psql_ -q -d postgres -c "CREATE EXTENSION IF NOT EXISTS lockext" -c "ALTER EXTENSION lockext UPDATE" 2>&1 | grep -v NOTICE || true
     echo "lockext is running: psql -h 127.0.0.1 -p $PORT -U postgres postgres  (log: $LOG)"
 }
 

@@ -26,7 +26,12 @@ CREATE TABLE lockext.locks (
     fence_token bigint      NOT NULL,
     holder_role oid         NOT NULL,   -- the database role that took the grant
     acquired_at timestamptz NOT NULL,
-    expires_at  timestamptz NOT NULL
+    expires_at  timestamptz NOT NULL,
+    renewals    integer     NOT NULL DEFAULT 0,  -- lock_renew calls and same-owner retries
+    -- Who took it, for operators (see lockext.holders): the backend and its client.
+    taker_pid        integer,
+    application_name text,
+    client_addr      inet
 );
 -- The reaper's access path: expired leases, oldest first.
 CREATE INDEX locks_expires_at_idx ON lockext.locks (expires_at);

@@ -37,3 +37,7 @@ GRANT EXECUTE ON FUNCTION
     lockext.fence_advance(text, bigint),
     lockext.check_token(bigint)
 TO lockext_user;
+
+-- Resetting the counters is an operator's decision.
+REVOKE ALL ON FUNCTION lockext.stats_reset() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION lockext.stats_reset() TO lockext_admin;

@@ -16,6 +16,7 @@ use pgrx::prelude::*;
 
 use crate::error::{self, LockError, OrReport};
 use crate::statements::{first_value, Statement};
+use crate::stats::{self, Counter};
 use crate::token;
 
 // Check and write are one statement: ON CONFLICT takes the resource's row lock, so two
@@ -112,12 +113,16 @@ fn checked_token(fence_token: Option<i64>) -> Result<(), LockError> {
 /// high-water mark up (or keep it), storing `data` when given. False when stale.
 fn advance(resource_id: &str, fence_token: i64, data: Option<pgrx::JsonB>) -> Result<bool, LockError> {
     error::writable_server()?;
-    Spi::connect_mut(|client| {
+    let accepted = Spi::connect_mut(|client| {
         token::require_issued(client, fence_token)?;
         let replace = data.is_some();
         let args = [DatumWithOid::from(resource_id), fence_token.into(), data.into(), replace.into()];
-        Ok(!ADVANCE.run(client, &args)?.is_empty())
-    })
+        Ok::<_, LockError>(!ADVANCE.run(client, &args)?.is_empty())
+    })?;
+    if !accepted {
+        stats::count(Counter::FenceStale);
+    }
+    Ok(accepted)
 }
 
 fn lease_is_live(lock_id: Option<&str>, fence_token: Option<i64>) -> Result<bool, LockError> {

@@ -19,6 +19,7 @@ use pgrx::spi::SpiClient;
 
 use crate::error::{self, LockError, OrReport};
 use crate::statements::{first_value, Statement};
+use crate::stats::{self, Counter};
 use crate::token::{self, mint_sql};
 
 /// Marks lockext's claims among advisory locks in `pg_locks` (objsubid 19531, "LK"); the
@@ -46,7 +47,11 @@ static TAKE_OVER: Statement = Statement {
         mint_sql!(),
         " END, \
                 acquired_at = CASE WHEN c.same_grant THEN l.acquired_at ELSE $5 END, \
-                expires_at = $5 + $4 \
+                expires_at = $5 + $4, \
+                renewals = CASE WHEN c.same_grant THEN l.renewals + 1 ELSE 0 END, \
+                taker_pid = pg_backend_pid(), \
+                application_name = current_setting('application_name'), \
+                client_addr = inet_client_addr() \
            FROM (SELECT lock_id, expires_at > $5 AND owner = $2 AND holder_role = $3 AS same_grant \
                    FROM lockext.locks \
                   WHERE lock_id = $1 \
@@ -62,10 +67,11 @@ static TAKE_OVER: Statement = Statement {
 static INSERT_NEW: Statement = Statement {
     sql: concat!(
         "INSERT INTO lockext.locks AS l \
-                (lock_id, owner, holder_role, fence_token, acquired_at, expires_at) \
+                (lock_id, owner, holder_role, fence_token, acquired_at, expires_at, \
+                 renewals, taker_pid, application_name, client_addr) \
          VALUES ($1, $2, $3, ",
         mint_sql!(),
-        ", $5, $5 + $4) \
+        ", $5, $5 + $4, 0, pg_backend_pid(), current_setting('application_name'), inet_client_addr()) \
          ON CONFLICT (lock_id) DO NOTHING \
          RETURNING ROW(l.lock_id, l.owner, l.fence_token, l.acquired_at, l.expires_at)::lockext.lock_grant, \
                    true"
@@ -74,7 +80,7 @@ static INSERT_NEW: Statement = Statement {
 };
 
 static RENEW: Statement = Statement {
-    sql: "UPDATE lockext.locks AS l SET expires_at = $5 + $4 \
+    sql: "UPDATE lockext.locks AS l SET expires_at = $5 + $4, renewals = l.renewals + 1 \
             FROM (SELECT lock_id FROM lockext.locks \
                    WHERE lock_id = $1 AND owner = $2 AND expires_at > $5 \
                      AND (holder_role = $3 OR pg_has_role($3, 'lockext_admin', 'MEMBER')) \
@@ -140,6 +146,7 @@ pub fn acquire(
     owner: Option<&str>,
     ttl: Option<Interval>,
 ) -> Result<Option<Grant>, LockError> {
+    let _timer = stats::AcquireTimer::start();
     let lock_id = error::identifier("lock_id", lock_id)?;
     let owner = error::identifier("owner", owner)?;
     let ttl = error::ttl(ttl)?;
@@ -152,38 +159,47 @@ pub fn acquire(
         server_now()?.into(),
         DatumWithOid::null::<i64>(), // the epoch, known once a grant is likely
     ];
-    Spi::connect_mut(|client| {
+    let granted = Spi::connect_mut(|client| -> Result<Option<Granted>, LockError> {
         let held_by_other = first_value::<bool>(PEEK.run(client, &args)?)?;
         if held_by_other == Some(true) {
             return Ok(None); // a live lease of someone else's
         }
         args[5] = token::prepare_to_mint(client)?.into();
-        let granted = match held_by_other {
+        Ok(match held_by_other {
             Some(_) => take_over(client, &args)?,
             None if !try_claim(lock_id) => None, // being created right now
             None => match grant_row(INSERT_NEW.run(client, &args)?)? {
                 Some(grant) => Some(grant),
                 None => take_over(client, &args)?, // created since we looked
             },
-        };
-        let Some(Granted { grant, minted }) = granted else { return Ok(None) };
-        if minted {
-            token::after_mint();
-        }
-        Ok(Some(grant))
-    })
+        })
+    })?;
+    let Some(Granted { grant, minted, took_over }) = granted else {
+        stats::count(Counter::AcquiresRefused);
+        return Ok(None);
+    };
+    if minted {
+        token::after_mint();
+    }
+    stats::count(Counter::AcquiresGranted);
+    if took_over {
+        stats::count(Counter::TakeOvers);
+    }
+    Ok(Some(grant))
 }
 
 struct Granted {
     grant: Grant,
     minted: bool,
+    took_over: bool, // an expired lease taken over in place
 }
 
 fn take_over(
     client: &mut SpiClient<'_>,
     args: &[DatumWithOid<'_>],
 ) -> Result<Option<Granted>, LockError> {
-    grant_row(TAKE_OVER.run(client, args)?)
+    let granted = grant_row(TAKE_OVER.run(client, args)?)?;
+    Ok(granted.map(|g| Granted { took_over: g.minted, ..g }))
 }
 
 /// The grant from an acquire statement's RETURNING, if any.
@@ -195,7 +211,7 @@ fn grant_row(rows: pgrx::spi::SpiTupleTable<'_>) -> Result<Option<Granted>, Lock
     let (Some(grant), Some(minted)) = (row.get::<Grant>(1)?, row.get::<bool>(2)?) else {
         return Ok(None);
     };
-    Ok(Some(Granted { grant, minted }))
+    Ok(Some(Granted { grant, minted, took_over: false }))
 }
 
 pub fn renew(
@@ -217,7 +233,9 @@ pub fn renew(
         server_now()?.into(),
         fence_token.into(),
     ];
-    Spi::connect_mut(|client| Ok(first_value(RENEW.run(client, &args)?)?))
+    let renewed = Spi::connect_mut(|client| first_value(RENEW.run(client, &args)?))?;
+    stats::count(if renewed.is_some() { Counter::RenewalsOk } else { Counter::RenewalsFailed });
+    Ok(renewed)
 }
 
 pub fn release(
@@ -236,9 +254,10 @@ pub fn release(
         server_now()?.into(),
         fence_token.into(),
     ];
-    Spi::connect_mut(|client| {
-        Ok(first_value::<bool>(RELEASE.run(client, &args)?)?.unwrap_or(false))
-    })
+    let released = Spi::connect_mut(|client| first_value::<bool>(RELEASE.run(client, &args)?))?;
+    let released = released.unwrap_or(false);
+    stats::count(if released { Counter::ReleasesOk } else { Counter::ReleasesFailed });
+    Ok(released)
 }
 
 /// The server's clock now: what `clock_timestamp()` returns. Never the transaction's start

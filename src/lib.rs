@@ -10,6 +10,7 @@ mod lease;
 mod reaper;
 mod settings;
 mod statements;
+mod stats;
 mod status;
 mod token;
 
@@ -23,6 +24,8 @@ extension_sql_file!(
     name = "fence",
     requires = [fence::fence_advance, fence::check_token]
 );
+// Views for operators.
+extension_sql_file!("../sql/views.sql", name = "views", requires = [stats::stats]);
 // Roles and EXECUTE grants, once the functions exist.
 extension_sql_file!("../sql/privileges.sql", name = "privileges", finalize);
 
@@ -36,6 +39,7 @@ pub extern "C-unwind" fn _PG_init() {
     settings::define();
     if preloading {
         status::init_shared_memory();
+        stats::init_shared_memory();
         token::init_shared_memory();
         reaper::register_launcher();
     }

@@ -243,6 +243,7 @@ fn reap_round(reporter: &Reporter) -> Result<u64, RoundError> {
             .map_err(|message| RoundError::Failed { reaped, message })?;
         reaped += n;
         reporter.batch(n);
+        crate::stats::add(crate::stats::Counter::LeasesReaped, n);
         if n < batch_size as u64 || BackgroundWorker::sigterm_received() {
             return Ok(reaped);
         }

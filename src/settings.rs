@@ -42,7 +42,6 @@ pub static REAP_INTERVAL_MS: GucSetting<i32> = GucSetting::<i32>::new(1000);
 pub static REAP_BATCH_SIZE: GucSetting<i32> = GucSetting::<i32>::new(1000);
 
 pub fn define() {
-    unsafe { pg_sys::MarkGUCPrefixReserved(c"lockext".as_ptr()) };
     unsafe {
         GucRegistry::define_enum_guc_with_hooks(
             c"lockext.durability",
@@ -85,6 +84,9 @@ pub fn define() {
         GucContext::Sighup,
         GucFlags::default(),
     );
+    // Only after every setting is defined: reserving the prefix removes any lockext.*
+    // value read from postgresql.conf that is not (yet) a defined setting.
+    unsafe { pg_sys::MarkGUCPrefixReserved(c"lockext".as_ptr()) };
 }
 
 /// Refuses `epoch` where lockext is not preloaded: without boot epochs it would be unsafe.

@@ -312,6 +312,7 @@ pub fn highest_issued(client: &mut SpiClient<'_>) -> Result<i64, LockError> {
 pub fn require_issued(client: &mut SpiClient<'_>, token: i64) -> Result<(), LockError> {
     let highest = highest_issued(client)?;
     if token > highest {
+        crate::stats::count(crate::stats::Counter::FenceForged);
         return Err(LockError::TokenNeverIssued { token, highest });
     }
     Ok(())

@@ -71,6 +71,11 @@ fn expired_leases_disappear_without_any_call_and_live_ones_stay() {
 fn reaper_shows_in_pg_stat_activity_and_follows_reloaded_settings() {
     let cluster = Cluster::start("reap-settings", INTERVAL);
     let mut c = cluster.connect();
+    // Settings written in postgresql.conf hold from the start, not only after a reload.
+    let interval: String = c.query_one("SHOW lockext.reap_interval", &[]).unwrap().get(0);
+    let batch: String = c.query_one("SHOW lockext.reap_batch_size", &[]).unwrap().get(0);
+    assert_eq!((interval.as_str(), batch.as_str()), ("200ms", "1000"));
+    assert!(!cluster.log().contains("invalid configuration parameter"), "{}", cluster.log());
     let pid = eventually(Duration::from_secs(10), "a reaper for postgres", || reaper_pid(&mut c, "postgres"));
     let app: String = c
         .query_one("SELECT application_name FROM pg_stat_activity WHERE pid = $1", &[&pid])
