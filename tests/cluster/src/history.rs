@@ -5,8 +5,9 @@
 //!   clock, the result, and the server's clock around the call), one [`Op`] each, written
 //!   by the client processes as lines of text (see [`Op::to_line`]);
 //! - what the server committed: every accepted fenced write, recorded by the writer in
-//!   `public.fence_history` in the same transaction as its `lockext.fenced_update` (see
-//!   [`SETUP_SQL`]), and the final contents of `lockext.resources`.
+//!   `public.fence_history` in the same transaction as its `lockext.fenced_update` or
+//!   `lockext.fence` (see [`SETUP_SQL`]), and the final contents of `lockext.resources`
+//!   (with `public.fenced_state`, the table the `lockext.fence` path writes).
 //!
 //! [`check`] verifies, and counts:
 //! 1. no fence token is returned by two different grants (the same owner re-acquiring a
@@ -43,6 +44,8 @@ pub const SETUP_SQL: &str = "
         op          text   NOT NULL UNIQUE,
         at          timestamptz NOT NULL DEFAULT clock_timestamp()
     );
+    -- The caller's own table that the lockext.fence write path protects.
+    CREATE TABLE public.fenced_state (resource_id text PRIMARY KEY, op text NOT NULL);
     CREATE FUNCTION public.us(timestamptz) RETURNS bigint
         LANGUAGE sql IMMUTABLE STRICT
         AS 'SELECT (extract(epoch FROM $1) * 1000000)::bigint';
@@ -243,7 +246,13 @@ impl History {
             .map(|r| Accepted { seq: r.get(0), resource: r.get(1), token: r.get(2), op: r.get(3) })
             .collect();
         self.resources = c
-            .query("SELECT resource_id, fence_token, data->>'op' FROM lockext.resources ORDER BY 1", &[])
+            // A resource written through lockext.fence keeps its last op in the caller's
+            // own table; one written by fenced_update, in its document.
+            .query(
+                "SELECT r.resource_id, r.fence_token, coalesce(r.data->>'op', s.op) \
+                   FROM lockext.resources r LEFT JOIN public.fenced_state s USING (resource_id) ORDER BY 1",
+                &[],
+            )
             .expect("read lockext.resources")
             .iter()
             .map(|r| FinalResource { resource: r.get(0), token: r.get(1), op: r.get(2) })

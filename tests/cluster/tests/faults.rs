@@ -262,7 +262,18 @@ fn contention_16_clients_4_locks_with_pauses_past_the_lease() {
         sleep(Duration::from_millis(100 + rng.below(200)));
     }
     run.stop(Duration::from_secs(60));
-    let report = finish(&run, &mut c, &CheckOptions::default(), false, &format!("sigstops={stops}"));
+    // Both write paths carried accepted writes: fenced_update and lockext.fence.
+    let row = c
+        .query_one(
+            "SELECT count(*) FILTER (WHERE resource_id LIKE 'res-%'), \
+                    count(*) FILTER (WHERE resource_id LIKE 'fence-%') FROM public.fence_history",
+            &[],
+        )
+        .unwrap();
+    let (via_update, via_fence): (i64, i64) = (row.get(0), row.get(1));
+    assert!(via_update > 0 && via_fence > 0, "fenced_update {via_update}, lockext.fence {via_fence}");
+    let extra = format!("sigstops={stops} accepted-via-fenced_update={via_update} accepted-via-fence={via_fence}");
+    let report = finish(&run, &mut c, &CheckOptions::default(), false, &extra);
     // Stale holders were really refused: the run tested fencing, not just locking.
     assert!(report.writes_rejected > 0, "no stale write was ever refused");
 }

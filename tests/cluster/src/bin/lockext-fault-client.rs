@@ -113,6 +113,8 @@ struct Session {
     client: Option<Client>,
     out: File,
     seq: u64,
+    /// Fenced writes made so far: even ones go through `lockext.fence`.
+    writes: u64,
     deadline: Instant,
 }
 
@@ -128,7 +130,7 @@ impl Session {
             .open(&cfg.out)
             .unwrap_or_else(|e| panic!("open {}: {e}", cfg.out));
         let deadline = Instant::now() + Duration::from_millis(cfg.run_ms);
-        Session { cfg, client: None, out, seq: 0, deadline }
+        Session { cfg, client: None, out, seq: 0, writes: 0, deadline }
     }
 
     fn over(&self) -> bool {
@@ -285,10 +287,17 @@ impl Session {
         result
     }
 
-    /// A fenced write of the grant's resource: `fenced_update` and, if it accepted, the
-    /// history row, in one transaction. None when failed (unknown), Some(false) refused.
+    /// A fenced write, by one of lockext's two write paths in turn:
+    /// - `fenced_update` of resource `res-<lock>` and, if it accepted, the history row;
+    /// - `lockext.fence('fence-<lock>', token)` in the caller's transaction, then writes to
+    ///   the caller's own tables (`fenced_state` and the history row); a stale token aborts
+    ///   the transaction with 55L01.
+    /// In both, the history row commits with the write. None when failed (unknown),
+    /// Some(false) when refused.
     fn write(&mut self, g: &Grant) -> Option<bool> {
-        let resource = format!("res-{}", g.lock);
+        self.writes += 1;
+        let via_fence = self.writes % 2 == 0;
+        let resource = format!("{}-{}", if via_fence { "fence" } else { "res" }, g.lock);
         let mut op = self.op(Kind::Write, &resource, &g.owner, Some(g.token));
         let id = op.id();
         let Some(c) = self.conn() else {
@@ -298,16 +307,31 @@ impl Session {
         op.start_us = now_us();
         let res = (|| -> Result<bool, postgres::Error> {
             let mut tx = c.transaction()?;
-            let accepted: bool = tx
-                .query_one(
-                    "SELECT lockext.fenced_update($1, $2, jsonb_build_object('op', $3::text, 'token', $2::bigint))",
-                    &[&resource, &g.token, &id],
-                )?
-                .get(0);
-            if !accepted {
-                // Nothing changed; the answer is known whatever the rollback does.
-                let _ = tx.rollback();
-                return Ok(false);
+            if via_fence {
+                match tx.execute("SELECT lockext.fence($1, $2)", &[&resource, &g.token]) {
+                    Err(e) if e.code().map(|c| c.code()) == Some("55L01") => {
+                        let _ = tx.rollback();
+                        return Ok(false);
+                    }
+                    other => other?,
+                };
+                tx.execute(
+                    "INSERT INTO public.fenced_state (resource_id, op) VALUES ($1, $2) \
+                     ON CONFLICT (resource_id) DO UPDATE SET op = EXCLUDED.op",
+                    &[&resource, &id],
+                )?;
+            } else {
+                let accepted: bool = tx
+                    .query_one(
+                        "SELECT lockext.fenced_update($1, $2, jsonb_build_object('op', $3::text, 'token', $2::bigint))",
+                        &[&resource, &g.token, &id],
+                    )?
+                    .get(0);
+                if !accepted {
+                    // Nothing changed; the answer is known whatever the rollback does.
+                    let _ = tx.rollback();
+                    return Ok(false);
+                }
             }
             tx.execute(
                 "INSERT INTO public.fence_history (resource_id, fence_token, op) VALUES ($1, $2, $3)",
