@@ -31,7 +31,9 @@ CREATE TABLE lockext.locks (
     -- Who took it, for operators (see lockext.holders): the backend and its client.
     taker_pid        integer,
     application_name text,
-    client_addr      inet
+    client_addr      inet,
+    -- After an expiry without a release, the lock stays unavailable this much longer.
+    lock_delay  interval    NOT NULL DEFAULT '0'
 );
 -- The reaper's access path: expired leases, oldest first.
 CREATE INDEX locks_expires_at_idx ON lockext.locks (expires_at);

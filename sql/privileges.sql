@@ -18,7 +18,7 @@ END $$;
 -- Writers of a table guarded by lockext.fence_guard need lockext_user too: the trigger
 -- runs with their rights and calls check_token and fence.
 REVOKE ALL ON FUNCTION
-    lockext.lock_acquire(text, text, interval),
+    lockext.lock_acquire(text, text, interval, interval, interval),
     lockext.lock_renew(text, text, interval, bigint),
     lockext.lock_release(text, text, bigint),
     lockext.lock_check(text, bigint),
@@ -28,7 +28,7 @@ REVOKE ALL ON FUNCTION
     lockext.check_token(bigint)
 FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION
-    lockext.lock_acquire(text, text, interval),
+    lockext.lock_acquire(text, text, interval, interval, interval),
     lockext.lock_renew(text, text, interval, bigint),
     lockext.lock_release(text, text, bigint),
     lockext.lock_check(text, bigint),

@@ -22,4 +22,11 @@ SELECT l.lock_id,
 CREATE VIEW lockext.stats AS
 SELECT name, value, since FROM lockext.stats();
 
-GRANT SELECT ON lockext.holders, lockext.stats TO PUBLIC;
+-- Who waits for which lock, oldest first; position 1 is next in line (empty unless
+-- lockext is preloaded).
+CREATE VIEW lockext.waiters AS
+SELECT lock_id, database, pid, waiting_since, pg_catalog.clock_timestamp() - waiting_since AS waited,
+       position
+  FROM lockext.waiters();
+
+GRANT SELECT ON lockext.holders, lockext.stats, lockext.waiters TO PUBLIC;

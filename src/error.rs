@@ -33,6 +33,12 @@ pub enum LockError {
     #[error("ttl must be at most 1 day, got {ttl}")]
     TtlTooLong { ttl: String },
 
+    #[error("{arg} must be between 0 and 1 day, got {value}")]
+    DurationOutOfRange { arg: &'static str, value: String },
+
+    #[error("lock_acquire can wait only in READ COMMITTED transactions")]
+    WaitNeedsReadCommitted,
+
     #[error("{arg} must be positive, got {value}")]
     TokenNotPositive { arg: &'static str, value: i64 },
 
@@ -63,10 +69,12 @@ impl LockError {
             LockError::EmptyIdentifier { .. }
             | LockError::TtlNotPositive { .. }
             | LockError::TtlTooLong { .. }
+            | LockError::DurationOutOfRange { .. }
             | LockError::TokenNotPositive { .. }
             | LockError::TokenNeverIssued { .. } => ERRCODE_INVALID_PARAMETER_VALUE, // 22023
             LockError::IdentifierTooLong { .. } => ERRCODE_STRING_DATA_RIGHT_TRUNCATION, // 22001
             LockError::ReadOnlyServer => ERRCODE_READ_ONLY_SQL_TRANSACTION, // 25006
+            LockError::WaitNeedsReadCommitted => ERRCODE_FEATURE_NOT_SUPPORTED, // 0A000
             LockError::ClockOutOfRange => ERRCODE_DATETIME_FIELD_OVERFLOW, // 22008
             LockError::EpochModeNeedsPreload => ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE, // 55000
             LockError::EpochsExhausted => ERRCODE_SEQUENCE_GENERATOR_LIMIT_EXCEEDED, // 2200H
@@ -86,6 +94,10 @@ impl LockError {
                 Some("Pass the fence_token that lockext.lock_acquire returned.")
             }
             LockError::ReadOnlyServer => Some("Connect to the primary server."),
+            LockError::WaitNeedsReadCommitted => Some(
+                "A snapshot taken at the transaction's start never sees the release; \
+                 wait from a READ COMMITTED transaction, or poll with wait => '0'.",
+            ),
             LockError::EpochModeNeedsPreload => {
                 Some("Add lockext to shared_preload_libraries, or SET lockext.durability = grant.")
             }
@@ -141,6 +153,16 @@ pub fn ttl(value: Option<Interval>) -> Result<Interval, LockError> {
     }
     // Both casts are in range by the checks above, and months = days = 0 cannot mismatch.
     Interval::new(0, 0, micros as i64).map_err(|_| LockError::TtlTooLong { ttl: value.to_string() })
+}
+
+/// A wait or a lock-delay: present, from 0 to 1 day.
+pub fn duration(arg: &'static str, value: Option<Interval>) -> Result<std::time::Duration, LockError> {
+    let value = value.ok_or(LockError::NullArgument { arg })?;
+    let micros = value.as_micros();
+    if micros < 0 || micros > i128::from(MAX_TTL_MICROS) {
+        return Err(LockError::DurationOutOfRange { arg, value: value.to_string() });
+    }
+    Ok(std::time::Duration::from_micros(micros as u64))
 }
 
 /// A fence token the caller must give.

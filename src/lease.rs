@@ -11,6 +11,7 @@
 //! the tests of one call agree on "now" even if the clock steps while it runs.
 
 use std::cell::Cell;
+use std::time::{Duration, Instant};
 
 use pgrx::datum::DatumWithOid;
 use pgrx::pg_sys::{self, BuiltinOid::*};
@@ -19,7 +20,9 @@ use pgrx::spi::SpiClient;
 
 use crate::error::{self, LockError, OrReport};
 use crate::statements::{first_value, Statement};
+use crate::settings;
 use crate::stats::{self, Counter};
+use crate::wait;
 use crate::token::{self, mint_sql};
 
 /// Marks lockext's claims among advisory locks in `pg_locks` (objsubid 19531, "LK"); the
@@ -27,12 +30,15 @@ use crate::token::{self, mint_sql};
 const CLAIM_TAG: u16 = 0x4C4B;
 
 // Parameters shared by the acquire statements: $1 lock_id, $2 owner, $3 calling role,
-// $4 ttl, $5 now, $6 token epoch.
+// $4 ttl, $5 now, $6 token epoch, $7 the new grant's lock-delay.
 const ACQUIRE_PARAMS: &[pg_sys::PgBuiltInOids] =
-    &[TEXTOID, TEXTOID, OIDOID, INTERVALOID, TIMESTAMPTZOID, INT8OID];
+    &[TEXTOID, TEXTOID, OIDOID, INTERVALOID, TIMESTAMPTZOID, INT8OID, INTERVALOID];
 
+// Is the lock held by someone else (live, or expired but within its lock-delay), and if
+// so, in how many milliseconds will it be free unless renewed?
 static PEEK: Statement = Statement {
-    sql: "SELECT expires_at > $5 AND NOT (owner = $2 AND holder_role = $3) \
+    sql: "SELECT expires_at + lock_delay > $5 AND NOT (owner = $2 AND holder_role = $3), \
+                 (extract(epoch FROM expires_at + lock_delay - $5) * 1000)::bigint \
             FROM lockext.locks WHERE lock_id = $1",
     params: ACQUIRE_PARAMS,
 };
@@ -49,17 +55,19 @@ static TAKE_OVER: Statement = Statement {
                 acquired_at = CASE WHEN c.same_grant THEN l.acquired_at ELSE $5 END, \
                 expires_at = $5 + $4, \
                 renewals = CASE WHEN c.same_grant THEN l.renewals + 1 ELSE 0 END, \
+                lock_delay = $7, \
                 taker_pid = pg_backend_pid(), \
                 application_name = current_setting('application_name'), \
                 client_addr = inet_client_addr() \
-           FROM (SELECT lock_id, expires_at > $5 AND owner = $2 AND holder_role = $3 AS same_grant \
+           FROM (SELECT lock_id, fence_token AS old_token, \
+                        expires_at > $5 AND owner = $2 AND holder_role = $3 AS same_grant \
                    FROM lockext.locks \
                   WHERE lock_id = $1 \
-                    AND (expires_at <= $5 OR (owner = $2 AND holder_role = $3)) \
+                    AND (expires_at + lock_delay <= $5 OR (owner = $2 AND holder_role = $3)) \
                     FOR UPDATE SKIP LOCKED) AS c \
           WHERE l.lock_id = c.lock_id \
          RETURNING ROW(l.lock_id, l.owner, l.fence_token, l.acquired_at, l.expires_at)::lockext.lock_grant, \
-                   NOT c.same_grant"
+                   NOT c.same_grant, c.old_token, l.fence_token"
     ),
     params: ACQUIRE_PARAMS,
 };
@@ -68,13 +76,13 @@ static INSERT_NEW: Statement = Statement {
     sql: concat!(
         "INSERT INTO lockext.locks AS l \
                 (lock_id, owner, holder_role, fence_token, acquired_at, expires_at, \
-                 renewals, taker_pid, application_name, client_addr) \
+                 renewals, lock_delay, taker_pid, application_name, client_addr) \
          VALUES ($1, $2, $3, ",
         mint_sql!(),
-        ", $5, $5 + $4, 0, pg_backend_pid(), current_setting('application_name'), inet_client_addr()) \
+        ", $5, $5 + $4, 0, $7, pg_backend_pid(), current_setting('application_name'), inet_client_addr()) \
          ON CONFLICT (lock_id) DO NOTHING \
          RETURNING ROW(l.lock_id, l.owner, l.fence_token, l.acquired_at, l.expires_at)::lockext.lock_grant, \
-                   true"
+                   true, NULL::bigint, l.fence_token"
     ),
     params: ACQUIRE_PARAMS,
 };
@@ -101,21 +109,32 @@ static RELEASE: Statement = Statement {
                      AND ($5::bigint IS NULL OR fence_token = $5) \
                      FOR UPDATE SKIP LOCKED) AS c \
            WHERE l.lock_id = c.lock_id \
-          RETURNING c.live",
+          RETURNING c.live, l.fence_token",
     params: &[TEXTOID, TEXTOID, OIDOID, TIMESTAMPTZOID, INT8OID],
+};
+
+// NOTIFY lockext '{"event": ..., "lock_id": ..., "fence_token": ..., ...}', sent at commit.
+static NOTIFY: Statement = Statement {
+    sql: "SELECT pg_notify('lockext', json_build_object('event', $1, 'lock_id', $2, 'fence_token', $3, \
+                                                       'previous_fence_token', $4)::text)",
+    params: &[TEXTOID, TEXTOID, INT8OID, INT8OID],
 };
 
 type Grant = pgrx::composite_type!('static, "lock_grant");
 
-/// Takes the lock `lock_id` for `owner` for `ttl`, or returns NULL if a live lease holds it.
+/// Takes the lock `lock_id` for `owner` for `ttl`, waiting up to `wait` for it; NULL if a
+/// live lease still holds it. `lock_delay` (default: the lockext.lock_delay setting) keeps
+/// the lock unavailable that long after this grant's lease expires without a release.
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
 fn lock_acquire(
     lock_id: Option<&str>,
     owner: Option<&str>,
     ttl: Option<Interval>,
+    wait: default!(Option<Interval>, "'0 seconds'"),
+    lock_delay: default!(Option<Interval>, "NULL"),
 ) -> Option<pgrx::composite_type!('static, "lock_grant")> {
-    acquire(lock_id, owner, ttl).or_report()
+    acquire(lock_id, owner, ttl, wait, lock_delay).or_report()
 }
 
 /// Extends the caller's live lease to now + `ttl`; NULL when the caller holds none.
@@ -145,12 +164,26 @@ pub fn acquire(
     lock_id: Option<&str>,
     owner: Option<&str>,
     ttl: Option<Interval>,
+    wait: Option<Interval>,
+    lock_delay: Option<Interval>,
 ) -> Result<Option<Grant>, LockError> {
     let _timer = stats::AcquireTimer::start();
     let lock_id = error::identifier("lock_id", lock_id)?;
     let owner = error::identifier("owner", owner)?;
     let ttl = error::ttl(ttl)?;
+    // NULL waits no more than the default does: not at all.
+    let wait = match wait {
+        None => Duration::ZERO,
+        some => error::duration("wait", some)?,
+    };
+    let lock_delay = match lock_delay {
+        None => Duration::from_millis(settings::LOCK_DELAY_MS.get() as u64),
+        some => error::duration("lock_delay", some)?,
+    };
     error::writable_server()?;
+    if !wait.is_zero() && unsafe { pg_sys::XactIsoLevel } > pg_sys::XACT_READ_COMMITTED as i32 {
+        return Err(LockError::WaitNeedsReadCommitted);
+    }
     let mut args = [
         DatumWithOid::from(lock_id),
         owner.into(),
@@ -158,23 +191,14 @@ pub fn acquire(
         ttl.into(),
         server_now()?.into(),
         DatumWithOid::null::<i64>(), // the epoch, known once a grant is likely
+        micros_interval(lock_delay).into(),
     ];
-    let granted = Spi::connect_mut(|client| -> Result<Option<Granted>, LockError> {
-        let held_by_other = first_value::<bool>(PEEK.run(client, &args)?)?;
-        if held_by_other == Some(true) {
-            return Ok(None); // a live lease of someone else's
-        }
-        args[5] = token::prepare_to_mint(client)?.into();
-        Ok(match held_by_other {
-            Some(_) => take_over(client, &args)?,
-            None if !try_claim(lock_id) => None, // being created right now
-            None => match grant_row(INSERT_NEW.run(client, &args)?)? {
-                Some(grant) => Some(grant),
-                None => take_over(client, &args)?, // created since we looked
-            },
-        })
-    })?;
-    let Some(Granted { grant, minted, took_over }) = granted else {
+    let granted = if wait.is_zero() {
+        attempt(lock_id, &mut args, 0)?.0
+    } else {
+        wait_for(lock_id, &mut args, Instant::now() + wait)?
+    };
+    let Some(Granted { grant, minted, took_over, previous_token, token }) = granted else {
         stats::count(Counter::AcquiresRefused);
         return Ok(None);
     };
@@ -184,14 +208,85 @@ pub fn acquire(
     stats::count(Counter::AcquiresGranted);
     if took_over {
         stats::count(Counter::TakeOvers);
+        notify("taken_over", lock_id, token, previous_token)?;
     }
     Ok(Some(grant))
+}
+
+/// Queues for the lock and tries each time it is woken (or its nap ends), until the
+/// deadline. The server clock in `args` is read again before each try.
+fn wait_for(
+    lock_id: &str,
+    args: &mut [DatumWithOid<'_>; 7],
+    deadline: Instant,
+) -> Result<Option<Granted>, LockError> {
+    let ticket = wait::Ticket::take(lock_id);
+    let mut nap = Duration::ZERO;
+    loop {
+        let mut free_in = None;
+        if ticket.is_head() {
+            args[4] = server_now()?.into();
+            let (granted, until_free) = attempt(lock_id, args, ticket.number())?;
+            if granted.is_some() {
+                return Ok(granted);
+            }
+            free_in = until_free;
+        }
+        if Instant::now() >= deadline {
+            return Ok(None);
+        }
+        nap = wait::next_nap(ticket.queued(), nap);
+        if let Some(free_in) = free_in {
+            nap = nap.min(free_in + Duration::from_millis(1));
+        }
+        wait::nap(deadline, nap);
+    }
+}
+
+/// One try at the lock. Returns the grant, or none and, when the lock is held, how soon it
+/// will be free unless its holder renews.
+fn attempt(
+    lock_id: &str,
+    args: &mut [DatumWithOid<'_>; 7],
+    ticket: u64,
+) -> Result<(Option<Granted>, Option<Duration>), LockError> {
+    if wait::others_ahead(lock_id, ticket) {
+        return Ok((None, None)); // callers queue for this lock: no jumping the queue
+    }
+    Spi::connect_mut(|client| {
+        let (held_by_other, free_in_ms) = peek(client, args)?;
+        if held_by_other == Some(true) {
+            let free_in = free_in_ms.map(|ms| Duration::from_millis(ms.max(0) as u64));
+            return Ok((None, free_in)); // a live lease of someone else's
+        }
+        args[5] = token::prepare_to_mint(client)?.into();
+        let granted = match held_by_other {
+            Some(_) => take_over(client, &args[..])?,
+            None if !try_claim(lock_id) => None, // being created right now
+            None => match grant_row(INSERT_NEW.run(client, &args[..])?)? {
+                Some(grant) => Some(grant),
+                None => take_over(client, &args[..])?, // created since we looked
+            },
+        };
+        Ok((granted, None))
+    })
+}
+
+fn peek(client: &mut SpiClient<'_>, args: &[DatumWithOid<'_>]) -> Result<(Option<bool>, Option<i64>), LockError> {
+    let rows = PEEK.run(client, args)?;
+    if rows.is_empty() {
+        return Ok((None, None));
+    }
+    let row = rows.first();
+    Ok((row.get::<bool>(1)?, row.get::<i64>(2)?))
 }
 
 struct Granted {
     grant: Grant,
     minted: bool,
     took_over: bool, // an expired lease taken over in place
+    previous_token: Option<i64>,
+    token: i64,
 }
 
 fn take_over(
@@ -208,10 +303,12 @@ fn grant_row(rows: pgrx::spi::SpiTupleTable<'_>) -> Result<Option<Granted>, Lock
         return Ok(None);
     }
     let row = rows.first();
-    let (Some(grant), Some(minted)) = (row.get::<Grant>(1)?, row.get::<bool>(2)?) else {
+    let (Some(grant), Some(minted), Some(token)) = (row.get::<Grant>(1)?, row.get::<bool>(2)?, row.get::<i64>(4)?)
+    else {
         return Ok(None);
     };
-    Ok(Some(Granted { grant, minted, took_over: false }))
+    let previous_token = row.get::<i64>(3)?;
+    Ok(Some(Granted { grant, minted, took_over: false, previous_token, token }))
 }
 
 pub fn renew(
@@ -254,10 +351,40 @@ pub fn release(
         server_now()?.into(),
         fence_token.into(),
     ];
-    let released = Spi::connect_mut(|client| first_value::<bool>(RELEASE.run(client, &args)?))?;
-    let released = released.unwrap_or(false);
+    let deleted = Spi::connect_mut(|client| -> Result<Option<(bool, i64)>, LockError> {
+        let rows = RELEASE.run(client, &args)?;
+        if rows.is_empty() {
+            return Ok(None);
+        }
+        let row = rows.first();
+        Ok(Some((row.get::<bool>(1)?.unwrap_or(false), row.get::<i64>(2)?.unwrap_or(0))))
+    })?;
+    if deleted.is_some() {
+        wait::wake_head_at_commit(lock_id);
+    }
+    let released = matches!(deleted, Some((true, _)));
     stats::count(if released { Counter::ReleasesOk } else { Counter::ReleasesFailed });
+    if let Some((true, token)) = deleted {
+        notify("released", lock_id, token, None)?;
+    }
     Ok(released)
+}
+
+/// Sends a lockext event to LISTENers of channel `lockext` when the transaction commits,
+/// if `lockext.notify` is on.
+pub fn notify(event: &str, lock_id: &str, token: i64, previous: Option<i64>) -> Result<(), LockError> {
+    if !settings::NOTIFY.get() {
+        return Ok(());
+    }
+    Spi::connect_mut(|client| {
+        NOTIFY.run(client, &[event.into(), lock_id.into(), token.into(), previous.into()])?;
+        Ok(())
+    })
+}
+
+/// A duration as an interval of plain microseconds.
+fn micros_interval(d: Duration) -> Interval {
+    Interval::new(0, 0, d.as_micros() as i64).unwrap_or_else(|_| Interval::new(0, 0, 0).expect("zero"))
 }
 
 /// The server's clock now: what `clock_timestamp()` returns. Never the transaction's start
@@ -326,6 +453,6 @@ fn keep_another_claim() -> bool {
 
 /// FNV-1a, 64 bits: stable across builds and processes, as a lock key shared by backends
 /// (possibly running different builds during an upgrade) must be.
-fn fnv1a(bytes: &[u8]) -> u64 {
+pub fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
 }

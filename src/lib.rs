@@ -13,6 +13,7 @@ mod statements;
 mod stats;
 mod status;
 mod token;
+mod wait;
 
 ::pgrx::pg_module_magic!(name, version);
 
@@ -25,7 +26,7 @@ extension_sql_file!(
     requires = [fence::fence_advance, fence::check_token]
 );
 // Views for operators.
-extension_sql_file!("../sql/views.sql", name = "views", requires = [stats::stats]);
+extension_sql_file!("../sql/views.sql", name = "views", requires = [stats::stats, wait::waiters]);
 // Roles and EXECUTE grants, once the functions exist.
 extension_sql_file!("../sql/privileges.sql", name = "privileges", finalize);
 
@@ -40,6 +41,7 @@ pub extern "C-unwind" fn _PG_init() {
     if preloading {
         status::init_shared_memory();
         stats::init_shared_memory();
+        wait::init_shared_memory();
         token::init_shared_memory();
         reaper::register_launcher();
     }

@@ -47,15 +47,25 @@ static EXTENSION_INSTALLED: Statement = Statement {
 
 // Oldest first, through the expires_at index. FOR UPDATE re-checks expiry on the newest
 // version of each row, so a lease renewed a moment ago is left alone.
+// A lease in its lock-delay (expired, not yet free) is left for a later round. $2: send
+// an "expired" event per lease (lockext.notify).
 static REAP_BATCH: Statement = Statement {
-    sql: "DELETE FROM lockext.locks AS l \
-           USING (SELECT lock_id FROM lockext.locks \
-                   WHERE expires_at <= pg_catalog.clock_timestamp() \
-                   ORDER BY expires_at \
-                   LIMIT $1 \
-                     FOR UPDATE SKIP LOCKED) AS doomed \
-           WHERE l.lock_id = doomed.lock_id",
-    params: &[INT4OID],
+    sql: "WITH reaped AS ( \
+              DELETE FROM lockext.locks AS l \
+               USING (SELECT lock_id FROM lockext.locks \
+                       WHERE expires_at <= pg_catalog.clock_timestamp() \
+                         AND expires_at + lock_delay <= pg_catalog.clock_timestamp() \
+                       ORDER BY expires_at \
+                       LIMIT $1 \
+                         FOR UPDATE SKIP LOCKED) AS doomed \
+               WHERE l.lock_id = doomed.lock_id \
+              RETURNING l.lock_id, l.fence_token) \
+          SELECT lock_id, \
+                 CASE WHEN $2 THEN pg_catalog.pg_notify('lockext', pg_catalog.json_build_object( \
+                     'event', 'expired', 'lock_id', lock_id, 'fence_token', fence_token, \
+                     'previous_fence_token', NULL)::text) END \
+            FROM reaped",
+    params: &[INT4OID, BOOLOID],
 };
 
 pub fn register_launcher() {
@@ -256,10 +266,20 @@ fn extension_installed() -> Result<bool, LockError> {
     })
 }
 
-/// Deletes up to `limit` expired leases. Exposed to the tests, which run it in a backend.
+/// Deletes up to `limit` expired leases, and wakes their waiters at commit. Exposed to the
+/// tests, which run it in a backend.
 pub fn reap_batch(limit: i32) -> Result<u64, LockError> {
     Spi::connect_mut(|client| {
-        Ok(REAP_BATCH.run(client, &[DatumWithOid::from(limit)])?.len() as u64)
+        let args = [DatumWithOid::from(limit), settings::NOTIFY.get().into()];
+        let rows = REAP_BATCH.run(client, &args)?;
+        let mut n = 0;
+        for row in rows {
+            if let Some(lock_id) = row.get::<String>(1)? {
+                crate::wait::wake_head_at_commit(&lock_id);
+            }
+            n += 1;
+        }
+        Ok(n)
     })
 }
 

@@ -40,6 +40,8 @@ pub static DATABASE: GucSetting<Option<CString>> =
     GucSetting::<Option<CString>>::new(Some(c"postgres"));
 pub static REAP_INTERVAL_MS: GucSetting<i32> = GucSetting::<i32>::new(1000);
 pub static REAP_BATCH_SIZE: GucSetting<i32> = GucSetting::<i32>::new(1000);
+pub static LOCK_DELAY_MS: GucSetting<i32> = GucSetting::<i32>::new(0);
+pub static NOTIFY: GucSetting<bool> = GucSetting::<bool>::new(false);
 
 pub fn define() {
     unsafe {
@@ -82,6 +84,25 @@ pub fn define() {
         1,
         100_000,
         GucContext::Sighup,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"lockext.lock_delay",
+        c"How long a lock stays unavailable after a lease expires without a release.",
+        c"Gives resources that cannot check fence tokens a margin after a holder dies. \
+          A clean release never delays. lock_acquire's lock_delay argument overrides it.",
+        &LOCK_DELAY_MS,
+        0,
+        86_400_000,
+        GucContext::Userset,
+        GucFlags::UNIT_MS,
+    );
+    GucRegistry::define_bool_guc(
+        c"lockext.notify",
+        c"Send NOTIFY lockext events on release, take-over and expiry.",
+        c"Events are JSON objects, sent when the transaction commits.",
+        &NOTIFY,
+        GucContext::Userset,
         GucFlags::default(),
     );
     // Only after every setting is defined: reserving the prefix removes any lockext.*

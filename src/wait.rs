@@ -1,0 +1,247 @@
+//! Waiting for a lock: a FIFO queue per lock in shared memory, and latches.
+//!
+//! A caller of `lock_acquire(..., wait => ...)` takes a ticket in the queue of its lock and
+//! sleeps on its own latch. Only the oldest ticket of a lock tries to take it; when that
+//! lock is released (at commit), its reaper deletes it, or a waiter leaves, the new head of
+//! the queue is woken by setting its latch. A waiter that times out, is cancelled
+//! (`pg_cancel_backend`, `statement_timeout`) or fails leaves the queue on the way out.
+//! While anyone waits for a lock, callers that do not wait are refused it: they would jump
+//! the queue.
+//!
+//! Without shared memory (lockext not preloaded) there is no queue: a waiter polls, with
+//! a back-off from 5 ms to 200 ms, still interruptible, and no order is promised.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use pgrx::lwlock::PgLwLock;
+use pgrx::prelude::*;
+use pgrx::{pg_shmem_init, PGRXSharedMemory, PgAtomic};
+
+use crate::error::MAX_ID_BYTES;
+use crate::settings;
+
+/// Waiters that can queue at once, all databases together; more wait by polling.
+const SLOTS: usize = 1024;
+
+#[derive(Clone, Copy)]
+pub struct Slot {
+    ticket: u64, // 0 = free
+    database: u32,
+    key: u64,
+    procno: i32,
+    pid: i32,
+    since: i64, // TimestampTz
+    id_len: u16,
+    id: [u8; MAX_ID_BYTES],
+}
+
+impl Default for Slot {
+    fn default() -> Self {
+        Slot { ticket: 0, database: 0, key: 0, procno: 0, pid: 0, since: 0, id_len: 0, id: [0; MAX_ID_BYTES] }
+    }
+}
+
+#[derive(Clone, Copy)]
+pub struct Queue {
+    next_ticket: u64,
+    slots: [Slot; SLOTS],
+}
+
+impl Default for Queue {
+    fn default() -> Self {
+        Queue { next_ticket: 1, slots: [Slot::default(); SLOTS] }
+    }
+}
+
+// Plain data, no pointers: safe in shared memory.
+unsafe impl PGRXSharedMemory for Queue {}
+
+static QUEUE: PgLwLock<Queue> = unsafe { PgLwLock::new(c"lockext_wait_queue") };
+// How many tickets are out: lets every acquire skip the queue's lock when nobody waits.
+static WAITING: PgAtomic<AtomicU32> = unsafe { PgAtomic::new(c"lockext_waiting") };
+
+pub fn init_shared_memory() {
+    pg_shmem_init!(QUEUE);
+    pg_shmem_init!(WAITING);
+}
+
+/// The queue key of a lock id in this database.
+fn key_of(lock_id: &str) -> (u32, u64) {
+    (unsafe { pg_sys::MyDatabaseId }.to_u32(), crate::lease::fnv1a(lock_id.as_bytes()))
+}
+
+/// True when someone queues for `lock_id` ahead of `ticket` (0: ahead of anyone new).
+pub fn others_ahead(lock_id: &str, ticket: u64) -> bool {
+    if !settings::preloaded() || WAITING.get().load(Ordering::Acquire) == 0 {
+        return false;
+    }
+    let (database, key) = key_of(lock_id);
+    let queue = QUEUE.share();
+    queue
+        .slots
+        .iter()
+        .any(|s| s.ticket != 0 && s.database == database && s.key == key && (ticket == 0 || s.ticket < ticket))
+}
+
+/// A place in the queue of one lock; leaving it (drop, including on error) wakes the next.
+pub struct Ticket {
+    number: u64,
+    slot: Option<usize>,
+    lock_id: String,
+}
+
+impl Ticket {
+    /// Queues for `lock_id`; without shared memory, or with the queue full, the ticket
+    /// holds no place and its holder polls.
+    pub fn take(lock_id: &str) -> Ticket {
+        let mut ticket = Ticket { number: 0, slot: None, lock_id: lock_id.to_string() };
+        if !settings::preloaded() {
+            return ticket;
+        }
+        let (database, key) = key_of(lock_id);
+        let mut queue = QUEUE.exclusive();
+        let Some(i) = queue.slots.iter().position(|s| s.ticket == 0) else { return ticket };
+        let number = queue.next_ticket;
+        queue.next_ticket += 1;
+        let mut id = [0u8; MAX_ID_BYTES];
+        id[..lock_id.len()].copy_from_slice(lock_id.as_bytes());
+        queue.slots[i] = Slot {
+            ticket: number,
+            database,
+            key,
+            procno: unsafe { (*pg_sys::MyProc).pgprocno },
+            pid: unsafe { pg_sys::MyProcPid },
+            since: unsafe { pg_sys::GetCurrentTimestamp() },
+            id_len: lock_id.len() as u16,
+            id,
+        };
+        WAITING.get().fetch_add(1, Ordering::AcqRel);
+        ticket.number = number;
+        ticket.slot = Some(i);
+        ticket
+    }
+
+    /// Whether this ticket is the oldest for its lock (always, for a placeless ticket).
+    pub fn is_head(&self) -> bool {
+        self.slot.is_none() || !others_ahead(&self.lock_id, self.number)
+    }
+
+    pub fn number(&self) -> u64 {
+        self.number
+    }
+
+    pub fn queued(&self) -> bool {
+        self.slot.is_some()
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        let Some(i) = self.slot else { return };
+        {
+            let mut queue = QUEUE.exclusive();
+            if queue.slots[i].ticket == self.number {
+                queue.slots[i] = Slot::default();
+                WAITING.get().fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+        // If we were at the head, the next in line may now be free to go.
+        wake_head(&self.lock_id);
+    }
+}
+
+/// Sets the latch of the oldest waiter for `lock_id` in this database, if any.
+pub fn wake_head(lock_id: &str) {
+    if !settings::preloaded() || WAITING.get().load(Ordering::Acquire) == 0 {
+        return;
+    }
+    let (database, key) = key_of(lock_id);
+    let procno = {
+        let queue = QUEUE.share();
+        queue
+            .slots
+            .iter()
+            .filter(|s| s.ticket != 0 && s.database == database && s.key == key)
+            .min_by_key(|s| s.ticket)
+            .map(|s| s.procno)
+    };
+    if let Some(procno) = procno {
+        unsafe {
+            let proc_ = (*pg_sys::ProcGlobal).allProcs.add(procno as usize);
+            pg_sys::SetLatch(&mut (*proc_).procLatch);
+        }
+    }
+}
+
+/// Wakes the head waiter of `lock_id` once the current transaction commits (a release or
+/// a reap is not visible to the waiter before then).
+pub fn wake_head_at_commit(lock_id: &str) {
+    if !settings::preloaded() || WAITING.get().load(Ordering::Acquire) == 0 {
+        return;
+    }
+    let lock_id = lock_id.to_string();
+    pgrx::register_xact_callback(pgrx::PgXactCallbackEvent::Commit, move || wake_head(&lock_id));
+}
+
+/// Sleeps on this backend's latch for at most `nap`, and at most until `deadline`;
+/// answers a cancel or a statement timeout with the usual ERROR.
+pub fn nap(deadline: Instant, nap: Duration) {
+    let left = deadline.saturating_duration_since(Instant::now()).min(nap);
+    let ms = left.as_millis().clamp(1, i64::from(i32::MAX) as u128) as i64;
+    unsafe {
+        pg_sys::WaitLatch(
+            pg_sys::MyLatch,
+            (pg_sys::WL_LATCH_SET | pg_sys::WL_TIMEOUT | pg_sys::WL_EXIT_ON_PM_DEATH) as i32,
+            ms,
+            pg_sys::PG_WAIT_EXTENSION,
+        );
+        pg_sys::ResetLatch(pg_sys::MyLatch);
+    }
+    pg_sys::check_for_interrupts!();
+}
+
+/// How long a waiter naps before it looks again when nothing wakes it: with a queue a
+/// release wakes it, so this is only the safety net (and the wait for a lease to run out
+/// when no reaper deletes it); without a queue it is the polling back-off.
+pub fn next_nap(queued: bool, previous: Duration) -> Duration {
+    if queued {
+        Duration::from_millis(500)
+    } else {
+        (previous * 2).clamp(Duration::from_millis(5), Duration::from_millis(200))
+    }
+}
+
+/// Who waits for what, oldest first (empty unless lockext is preloaded).
+#[pg_extern(volatile, parallel_safe)]
+#[search_path(pg_catalog, pg_temp)]
+fn waiters() -> TableIterator<
+    'static,
+    (
+        name!(lock_id, String),
+        name!(database, pg_sys::Oid),
+        name!(pid, i32),
+        name!(waiting_since, Option<TimestampWithTimeZone>),
+        name!(position, i64),
+    ),
+> {
+    if !settings::preloaded() {
+        return TableIterator::new(Vec::new());
+    }
+    let mut slots: Vec<Slot> = QUEUE.share().slots.iter().copied().filter(|s| s.ticket != 0).collect();
+    slots.sort_by_key(|s| s.ticket);
+    let rows: Vec<_> = slots
+        .iter()
+        .map(|s| {
+            let position = slots.iter().filter(|o| o.database == s.database && o.key == s.key && o.ticket <= s.ticket).count();
+            (
+                String::from_utf8_lossy(&s.id[..s.id_len as usize]).into_owned(),
+                pg_sys::Oid::from(s.database),
+                s.pid,
+                TimestampWithTimeZone::try_from(s.since).ok(),
+                position as i64,
+            )
+        })
+        .collect();
+    TableIterator::new(rows)
+}
