@@ -17,26 +17,24 @@ END $$;
 
 -- Writers of a table guarded by lockext.fence_guard need lockext_user too: the trigger
 -- runs with their rights and calls check_token and fence.
-REVOKE ALL ON FUNCTION
-    lockext.lock_acquire(text, text, interval, interval, interval),
-    lockext.lock_renew(text, text, interval, bigint),
-    lockext.lock_release(text, text, bigint),
-    lockext.lock_check(text, bigint),
-    lockext.fenced_update(text, bigint, jsonb),
-    lockext.fence(text, bigint),
-    lockext.fence_advance(text, bigint),
-    lockext.check_token(bigint)
-FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION
-    lockext.lock_acquire(text, text, interval, interval, interval),
-    lockext.lock_renew(text, text, interval, bigint),
-    lockext.lock_release(text, text, bigint),
-    lockext.lock_check(text, bigint),
-    lockext.fenced_update(text, bigint, jsonb),
-    lockext.fence(text, bigint),
-    lockext.fence_advance(text, bigint),
-    lockext.check_token(bigint)
-TO lockext_user;
+DO $$
+DECLARE
+    f regprocedure;
+BEGIN
+    FOREACH f IN ARRAY ARRAY[
+        'lockext.lock_acquire(text, text, interval, interval, interval)',
+        'lockext.lock_renew(text, text, interval, bigint)',
+        'lockext.lock_release(text, text, bigint)',
+        'lockext.lock_check(text, bigint)',
+        'lockext.fenced_update(text, bigint, jsonb)',
+        'lockext.fence(text, bigint)',
+        'lockext.fence_advance(text, bigint)',
+        'lockext.check_token(bigint)'
+    ]::regprocedure[] LOOP
+        EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', f);
+        EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO lockext_user', f);
+    END LOOP;
+END $$;
 
 -- Resetting the counters is an operator's decision.
 REVOKE ALL ON FUNCTION lockext.stats_reset() FROM PUBLIC;
