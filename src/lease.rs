@@ -18,6 +18,7 @@ use pgrx::pg_sys::{self, BuiltinOid::*};
 use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
 
+use crate::commit;
 use crate::error::{self, LockError, OrReport};
 use crate::statements::{first_value, Statement};
 use crate::settings;
@@ -330,7 +331,9 @@ pub fn renew(
         server_now()?.into(),
         fence_token.into(),
     ];
+    let only_leases = commit::only_leases_so_far();
     let renewed = Spi::connect_mut(|client| first_value(RENEW.run(client, &args)?))?;
+    commit::relax_if_only_leases(only_leases);
     stats::count(if renewed.is_some() { Counter::RenewalsOk } else { Counter::RenewalsFailed });
     Ok(renewed)
 }
@@ -351,6 +354,7 @@ pub fn release(
         server_now()?.into(),
         fence_token.into(),
     ];
+    let only_leases = commit::only_leases_so_far();
     let deleted = Spi::connect_mut(|client| -> Result<Option<(bool, i64)>, LockError> {
         let rows = RELEASE.run(client, &args)?;
         if rows.is_empty() {
@@ -359,6 +363,7 @@ pub fn release(
         let row = rows.first();
         Ok(Some((row.get::<bool>(1)?.unwrap_or(false), row.get::<i64>(2)?.unwrap_or(0))))
     })?;
+    commit::relax_if_only_leases(only_leases);
     if deleted.is_some() {
         wait::wake_head_at_commit(lock_id);
     }

@@ -4,6 +4,7 @@
 
 use pgrx::prelude::*;
 
+mod commit;
 mod error;
 mod fence;
 mod lease;

@@ -204,6 +204,15 @@ pub extern "C-unwind" fn lockext_reaper_main(_arg: pg_sys::Datum) {
     let db = BackgroundWorker::get_extra().to_string();
     BackgroundWorker::connect_worker_to_spi(Some(&db), None);
     unsafe { pg_sys::pgstat_report_appname(c"lockext reaper".as_ptr()) };
+    // Reaping is cleanup: a batch lost in a crash is deleted again in the next round.
+    unsafe {
+        pg_sys::SetConfigOption(
+            c"synchronous_commit".as_ptr(),
+            c"off".as_ptr(),
+            pg_sys::GucContext::PGC_SUSET,
+            pg_sys::GucSource::PGC_S_OVERRIDE,
+        )
+    };
     let reporter = Reporter::claim(unsafe { pg_sys::MyDatabaseId }, unsafe { pg_sys::MyProcPid });
     let mut reported_no_extension = false;
     loop {

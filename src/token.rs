@@ -223,7 +223,7 @@ pub fn prepare_to_mint(client: &mut SpiClient<'_>) -> Result<i64, LockError> {
     let in_force = epoch_in_force(client)?;
     if !in_force.confirmed {
         // Rule 3: this token's counter must reach the disk with its grant.
-        force_synchronous_commit();
+        crate::commit::require_flush();
         if crate::lease::try_claim(EPOCH_CLAIM) {
             record(client, &in_force.identity, in_force.epoch)?;
         }
@@ -234,7 +234,7 @@ pub fn prepare_to_mint(client: &mut SpiClient<'_>) -> Result<i64, LockError> {
 /// Call after minting: commits as the durability mode asks.
 pub fn after_mint() {
     if settings::durability() == Durability::Grant {
-        force_synchronous_commit();
+        crate::commit::require_flush();
     }
 }
 
@@ -271,30 +271,6 @@ fn record(client: &mut SpiClient<'_>, identity: &Identity, epoch: i64) -> Result
     let epoch = i32::try_from(epoch).map_err(|_| LockError::EpochsExhausted)?;
     RECORD_EPOCH.run(client, &[a, b, c, d, epoch.into()])?;
     Ok(())
-}
-
-/// Makes the current transaction's commit wait for its WAL flush.
-///
-/// `set_config(..., is_local => true)` semantics: it lasts until the transaction ends, so
-/// it still holds at commit (a `SET` clause on the function would be undone before then).
-/// Only `off` is raised: `local` and stronger already flush before the client hears back.
-fn force_synchronous_commit() {
-    let current = unsafe { pg_sys::synchronous_commit };
-    if current != pg_sys::SyncCommitLevel::SYNCHRONOUS_COMMIT_OFF as i32 {
-        return;
-    }
-    unsafe {
-        pg_sys::set_config_option(
-            c"synchronous_commit".as_ptr(),
-            c"on".as_ptr(),
-            pg_sys::GucContext::PGC_USERSET,
-            pg_sys::GucSource::PGC_S_SESSION,
-            pg_sys::GucAction::GUC_ACTION_LOCAL,
-            true,
-            0,
-            false,
-        );
-    }
 }
 
 // ---- issued tokens -------------------------------------------------------------------
