@@ -14,7 +14,7 @@
 # $LOCKEXT_DEPLOY_BOUNCER_PORT, default 6699, pool_mode = transaction), then runs:
 #   - each example (Python, Node.js, Go, Rust) directly and through PgBouncer;
 #   - the stored procedure test directly and through PgBouncer;
-#   - the PgBouncer tests (tests/deploy/pgbouncer: the fault suite's contention scenario
+#   - the PgBouncer tests (tests/deploy/rust/tests/pgbouncer.rs: the fault suite's contention scenario
 #     through a pool, and session advisory locks breaking there), which start their own
 #     cluster and PgBouncer.
 # The last line is `N passed, N failed`; the exit status is non-zero on any failure.
@@ -180,7 +180,7 @@ build_go() {
 
 build_rust() {
     cargo build --release --quiet --manifest-path "$ROOT/examples/rust/Cargo.toml" &&
-        cargo test --release --quiet --no-run --manifest-path "$HERE/pgbouncer/Cargo.toml"
+        cargo test --release --quiet --no-run --manifest-path "$HERE/rust/Cargo.toml"
 }
 
 # ---------------------------------------------------------------------------------------
@@ -201,7 +201,7 @@ example() { # example LANG URL
 procedure() { LOCKEXT_URL=$1 "$PY" "$HERE/procedure/test_procedure.py"; }
 
 pgbouncer_tests() {
-    cargo test --release --quiet --manifest-path "$HERE/pgbouncer/Cargo.toml" --test pgbouncer -- --test-threads=1 --nocapture
+    cargo test --release --quiet --manifest-path "$HERE/rust/Cargo.toml" --test pgbouncer -- --test-threads=1 --nocapture
 }
 
 cluster destroy >/dev/null 2>&1 # a clean slate; the files of this run stay for inspection

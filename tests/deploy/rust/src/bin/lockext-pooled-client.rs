@@ -17,8 +17,16 @@
 //! It also reads `pg_backend_pid()` in each acquire statement and prints
 //! `backends <n> <pid,pid,...>` when done: the server sessions it was multiplexed over.
 //!
-//! Arguments are `key=value`: url, id, locks=a,b, ttl_ms, run_ms, stop=PATH, stale_pct, seed,
-//! out=PATH (as the fault client's).
+//! Arguments are `key=value`: url, id, mode=worker|pause-a|pause-b (default worker),
+//! locks=a,b, ttl_ms, run_ms, stop=PATH, stale_pct, seed, out=PATH (as the fault client's).
+//! pause-a and pause-b are the fault client's too: A acquires, prints
+//! `granted <lock> <owner> <token>`, waits for a line on stdin, then writes (once more if that
+//! failed with a lost connection), renews and releases, printing `write <bool>`, `renew <bool>`, `release <bool>`; B acquires (retrying
+//! while refused), prints `granted ...`, writes (`write <bool>`) and releases.
+//!
+//! The url may name several hosts with `target_session_attrs=read-write` (the Patroni test):
+//! a lost connection is re-established to whichever is the primary now, every 100 ms until
+//! run_ms is over.
 
 use std::collections::{BTreeSet, HashMap};
 use std::fs::{File, OpenOptions};
@@ -33,6 +41,7 @@ use postgres::{Client, NoTls};
 struct Config {
     url: String,
     id: String,
+    mode: String,
     locks: Vec<String>,
     ttl_ms: u64,
     run_ms: u64,
@@ -64,6 +73,7 @@ fn config() -> Config {
     Config {
         url: get("url"),
         id: get("id"),
+        mode: args.get("mode").cloned().unwrap_or_else(|| "worker".into()),
         locks: get("locks").split(',').map(str::to_string).collect(),
         ttl_ms: num("ttl_ms", 300),
         run_ms: num("run_ms", 5000),
@@ -421,11 +431,80 @@ fn worker(s: &mut Session, rng: &mut Rng) {
     }
 }
 
+fn say(line: &str) {
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{line}")
+        .and_then(|_| out.flush())
+        .expect("stdout");
+}
+
+fn show(r: Option<bool>) -> String {
+    r.map_or("error".to_string(), |b| b.to_string())
+}
+
+/// The fault client's pause-a.
+fn pause_a(s: &mut Session) {
+    let lock = s.cfg.locks[0].clone();
+    let owner = format!("{}-a", s.cfg.id);
+    let Some(Some(grant)) = s.acquire(&lock, &owner, s.cfg.ttl_ms) else {
+        say("refused");
+        return;
+    };
+    say(&format!(
+        "granted {} {} {}",
+        grant.lock, grant.owner, grant.token
+    ));
+    let mut line = String::new();
+    std::io::stdin().read_line(&mut line).expect("stdin");
+    // A write that failed (its connection died with the old primary) is tried once more, the
+    // same write to the same resource on a new connection, as a client with a reconnect loop does.
+    let w = s.write(&grant).or_else(|| {
+        s.writes -= 1;
+        s.write(&grant)
+    });
+    say(&format!("write {}", show(w)));
+    let r = s.renew(&grant, s.cfg.ttl_ms);
+    say(&format!("renew {}", show(r)));
+    let l = s.release(&grant);
+    say(&format!("release {}", show(l)));
+}
+
+/// The fault client's pause-b.
+fn pause_b(s: &mut Session) {
+    let lock = s.cfg.locks[0].clone();
+    let owner = format!("{}-b", s.cfg.id);
+    let grant = loop {
+        match s.acquire(&lock, &owner, s.cfg.ttl_ms) {
+            Some(Some(g)) => break g,
+            _ if s.over() => {
+                say("refused");
+                return;
+            }
+            _ => sleep(Duration::from_millis(20)),
+        }
+    };
+    say(&format!(
+        "granted {} {} {}",
+        grant.lock, grant.owner, grant.token
+    ));
+    let w = s.write(&grant);
+    say(&format!("write {}", show(w)));
+    s.release(&grant);
+}
+
 fn main() {
     let cfg = config();
     let mut rng = Rng(cfg.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    let mode = cfg.mode.clone();
     let mut s = Session::new(cfg);
-    worker(&mut s, &mut rng);
-    let pids: Vec<String> = s.backends.iter().map(|p| p.to_string()).collect();
-    println!("backends {} {}", pids.len(), pids.join(","));
+    match mode.as_str() {
+        "worker" => {
+            worker(&mut s, &mut rng);
+            let pids: Vec<String> = s.backends.iter().map(|p| p.to_string()).collect();
+            say(&format!("backends {} {}", pids.len(), pids.join(",")));
+        }
+        "pause-a" => pause_a(&mut s),
+        "pause-b" => pause_b(&mut s),
+        m => panic!("unknown mode {m}"),
+    }
 }
