@@ -11,6 +11,9 @@ ALTER TABLE lockext.locks
     ADD COLUMN client_addr      inet,
     ADD COLUMN lock_delay       interval NOT NULL DEFAULT '0';
 
+-- Never truncated by (auto)vacuum: that takes an ACCESS EXCLUSIVE lock lock calls would wait on.
+ALTER TABLE lockext.locks SET (vacuum_truncate = false);
+
 -- lock_acquire gains two arguments with defaults: calls with three still work.
 DROP FUNCTION lockext.lock_acquire(text, text, interval);
 CREATE FUNCTION lockext."lock_acquire"(

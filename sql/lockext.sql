@@ -35,6 +35,9 @@ CREATE TABLE lockext.locks (
     -- After an expiry without a release, the lock stays unavailable this much longer.
     lock_delay  interval    NOT NULL DEFAULT '0'
 );
+-- Autovacuum would otherwise truncate the emptied end of the table after mass expiries,
+-- taking an ACCESS EXCLUSIVE lock that every lock call would wait behind for a moment.
+ALTER TABLE lockext.locks SET (vacuum_truncate = false);
 -- The reaper's access path: expired leases, oldest first.
 CREATE INDEX locks_expires_at_idx ON lockext.locks (expires_at);
 

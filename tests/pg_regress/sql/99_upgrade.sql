@@ -22,7 +22,8 @@ CREATE FUNCTION pg_temp.lockext_shape() RETURNS SETOF text LANGUAGE sql AS $$
     SELECT 'function: ' || pg_get_functiondef(p.oid) || ' acl ' || coalesce(p.proacl::text, 'default')
       FROM pg_proc p WHERE p.pronamespace = 'lockext'::regnamespace
     UNION ALL
-    SELECT format('relation: %s %s acl %s %s', c.relname, c.relkind, coalesce(c.relacl::text, 'default'),
+    SELECT format('relation: %s %s acl %s options %s %s', c.relname, c.relkind, coalesce(c.relacl::text, 'default'),
+                  coalesce(c.reloptions::text, '-'),
                   CASE WHEN c.relkind = 'v' THEN pg_get_viewdef(c.oid) ELSE '' END)
       FROM pg_class c WHERE c.relnamespace = 'lockext'::regnamespace
     UNION ALL
