@@ -14,11 +14,12 @@
 # $LOCKEXT_DEPLOY_BOUNCER_PORT, default 6699, pool_mode = transaction), then runs:
 #   - each example (Python, Node.js, Go, Rust) directly and through PgBouncer;
 #   - the stored procedure test directly and through PgBouncer;
-#   - the PgBouncer tests (tests/deploy/rust/tests/pgbouncer.rs: the fault suite's contention scenario
-#     through a pool, and session advisory locks breaking there), which start their own
-#     cluster and PgBouncer.
+#   - the PgBouncer tests (tests/deploy/rust/tests/pgbouncer.rs: the fault suite's contention
+#     scenario through a pool, and session advisory locks breaking there), which start their
+#     own cluster and PgBouncer;
+#   - the Patroni failover test (tests/deploy/patroni/run.sh, about 90 s; installs Debian's
+#     patroni and etcd-server), unless LOCKEXT_DEPLOY_PATRONI=0.
 # The last line is `N passed, N failed`; the exit status is non-zero on any failure.
-# Patroni is separate: tests/deploy/patroni/run.sh (see tests/deploy/HA.md).
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -111,6 +112,9 @@ install_node() {
 
 install_all() {
     apt_install pgbouncer golang-go golang-github-jackc-pgx-v4-dev || return 1
+    if [ "${LOCKEXT_DEPLOY_PATRONI:-1}" != 0 ]; then
+        apt_install patroni etcd-server || return 1
+    fi
     install_python || return 1
     install_node || return 1
     command -v cargo >/dev/null || { echo "cargo is missing (scripts/bootstrap.sh installs it)"; return 1; }
@@ -218,4 +222,7 @@ done
 run procedure procedure "$DIRECT_URL"
 run procedure-pgbouncer procedure "$POOLED_URL"
 run pgbouncer pgbouncer_tests
+if [ "${LOCKEXT_DEPLOY_PATRONI:-1}" != 0 ]; then
+    run patroni bash "$HERE/patroni/run.sh"
+fi
 finish

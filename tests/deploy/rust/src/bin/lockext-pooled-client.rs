@@ -328,7 +328,7 @@ impl Session {
     /// A fenced write by one of the two write paths in turn, as the fault client's.
     fn write(&mut self, g: &Grant) -> Option<bool> {
         self.writes += 1;
-        let via_fence = self.writes % 2 == 0;
+        let via_fence = self.writes.is_multiple_of(2);
         let resource = format!("{}-{}", if via_fence { "fence" } else { "res" }, g.lock);
         let mut op = self.op(Kind::Write, &resource, &g.owner, Some(g.token));
         let id = op.id();
