@@ -1,0 +1,4 @@
+-- The bare UPDATE committed asynchronously.
+\set id random(1, :keys)
+WITH u AS (UPDATE bare.leases SET expires_at = clock_timestamp() + interval '1 hour' WHERE lock_id = 'hb:' || :id RETURNING 1)
+SELECT set_config('synchronous_commit', 'off', true), (SELECT count(*) FROM u);

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# lockext benchmarks, side by side (issue 6).
+#   bash bench/run.sh            full run (make bench): ~15 min, writes bench/results/<date>.md
+#   bash bench/run.sh --smoke    every script once, briefly (make bench-smoke, CI): < 1 min
+# Environment: BENCH_SECONDS (per round, default 2), BENCH_ROUNDS (default 2), BENCH_CLIENTS (1,16,64),
+# BENCH_PG_PORT (5599), BENCH_REDIS_PORT (6399), BENCH_HOME (/tmp/lockext-bench),
+# BENCH_KEEP=1 (leave the scratch cluster's files), BENCH_SKIP_EPOCH=1, BENCH_ALLOW_DEBUG=1.
+# Needs (scripts/bootstrap.sh): postgresql-15 (pgbench, psql), redis-server, a C compiler,
+# binutils (readelf), python3. It expects lockext to be installed (make install).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+missing=()
+for tool in /usr/lib/postgresql/15/bin/pgbench /usr/lib/postgresql/15/bin/psql redis-server readelf python3; do
+    command -v "$tool" >/dev/null 2>&1 || missing+=("$tool")
+done
+command -v cc >/dev/null 2>&1 || command -v gcc >/dev/null 2>&1 || command -v clang >/dev/null 2>&1 \
+    || missing+=("a C compiler")
+if [ ${#missing[@]} -gt 0 ]; then
+    echo "bench: missing ${missing[*]} (run scripts/bootstrap.sh)" >&2
+    exit 1
+fi
+exec python3 bench/bench.py "$@"

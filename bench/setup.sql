@@ -1,0 +1,59 @@
+-- The systems that bench/ compares with lockext, each in a schema of its own, in the
+-- database that has lockext. Run by bench.py on a fresh scratch cluster.
+
+-- The article's design, as written there. Its text creates the table before the sequence
+-- that the table's DEFAULT names, which PostgreSQL refuses; here the sequence comes first.
+-- Nothing else differs. Its statements are unqualified: pgbench runs them with
+-- search_path = article (PGOPTIONS), as the article's application would.
+CREATE SCHEMA article;
+SET search_path = article;
+CREATE SEQUENCE distributed_locks_fence_seq START 1 INCREMENT 1;
+CREATE TABLE distributed_locks (
+  lock_id    TEXT PRIMARY KEY,
+  fence_token BIGINT NOT NULL DEFAULT nextval('distributed_locks_fence_seq'),
+  owner      TEXT NOT NULL,
+  expires_at TIMESTAMPTZ NOT NULL
+);
+CREATE INDEX idx_distributed_locks_expires
+  ON distributed_locks (expires_at);
+-- The article shows only the UPDATE of its fenced resource, not its table: this is the
+-- least that UPDATE needs.
+CREATE TABLE protected_resources (
+  resource_id      TEXT PRIMARY KEY,
+  last_fence_token BIGINT,
+  data             JSONB
+);
+RESET search_path;
+
+-- The floor: the least any durable grant costs. One row per held lock, nothing else.
+CREATE SCHEMA floor;
+CREATE TABLE floor.leases (
+  lock_id text PRIMARY KEY,
+  owner   text NOT NULL
+);
+
+-- Bare single-row UPDATEs, the yardstick for renewals: the same row shape as a lease,
+-- without and with an index on the column a renewal changes (with it, no HOT update).
+CREATE SCHEMA bare;
+CREATE TABLE bare.leases (
+  lock_id    text PRIMARY KEY,
+  owner      text NOT NULL,
+  expires_at timestamptz NOT NULL
+);
+CREATE TABLE bare.leases_indexed (
+  lock_id    text PRIMARY KEY,
+  owner      text NOT NULL,
+  expires_at timestamptz NOT NULL
+);
+CREATE INDEX ON bare.leases_indexed (expires_at);
+
+-- Per-client hand-off counters for the contended workload: one UNLOGGED sequence per
+-- pgbench client. nextval on it writes no WAL and takes no transaction id, so counting
+-- costs no fsync and changes nothing about how the counted transaction commits.
+CREATE SCHEMA bench;
+DO $$
+BEGIN
+  FOR i IN 0..63 LOOP
+    EXECUTE format('CREATE UNLOGGED SEQUENCE bench.handoffs_%s', i);
+  END LOOP;
+END $$;
