@@ -26,6 +26,11 @@ thread_local! {
 
 impl Statement {
     /// Runs the statement and returns its rows. May write: callers hold a mutable client.
+    ///
+    /// Executed through `select`, not `update`: pgrx's `update` first assigns the
+    /// transaction an id, so that even a lock_acquire that only looked and refused would
+    /// cost a transaction id and a commit record. The plans are prepared as mutating, so
+    /// SPI still runs them read-write; an id is assigned only when a row is written.
     pub fn run<'conn>(
         &'static self,
         client: &mut SpiClient<'conn>,
@@ -39,7 +44,7 @@ impl Statement {
                 let plan = client.prepare_mut(self.sql, &oids)?.keep();
                 plans.insert(key, plan);
             }
-            client.update(&plans[&key], None, args)
+            client.select(&plans[&key], None, args)
         })
     }
 }

@@ -10,8 +10,12 @@ SELECT lock_id, owner, fence_token, expires_at - acquired_at AS lease
 SELECT era, raise, counter
   FROM lockext.locks, lockext.token_parts(fence_token) WHERE lock_id = 'orders';
 
--- Anyone else is refused while the lease is live.
+-- Anyone else is refused while the lease is live. A refusal writes nothing: it does not
+-- even take a transaction id (no commit record, no wraparound pressure under contention).
+BEGIN;
 SELECT lockext.lock_acquire('orders', 'worker-2@host-b:77', '30 seconds') IS NULL AS refused;
+SELECT pg_current_xact_id_if_assigned() IS NULL AS no_transaction_id;
+COMMIT;
 
 -- The same owner again (say, a retry after a lost reply) gets the same grant back:
 -- same token, expiry moved to now + the new ttl.

@@ -19,8 +19,11 @@ SELECT fence_token AS e FROM lockext.lock_acquire('short', 'w1', '10 millisecond
 SELECT pg_sleep(0.05);
 SELECT lockext.lock_renew('short', 'w1', '1 minute') AS expired;
 
--- Release: wrong owner or token change nothing.
+-- Release: wrong owner or token change nothing (and take no transaction id).
+BEGIN;
 SELECT lockext.lock_release('job', 'w2') AS other_owner;
+SELECT pg_current_xact_id_if_assigned() IS NULL AS no_transaction_id;
+COMMIT;
 SELECT lockext.lock_release('job', 'w1', :t + 1) AS other_token;
 SELECT count(*) AS still_held FROM lockext.locks WHERE lock_id = 'job';
 SELECT lockext.lock_release('job', 'w1', :t) AS released;
