@@ -57,6 +57,7 @@ SYSTEMS = {
     "lockext": ("lockext", "#1f6feb", "sync"),
     "lockext_async": ("lockext, client sets async release/renew", "#58a6ff", "async"),
     "lockext_epoch": ("lockext, epoch mode", "#0a3069", "async"),
+    "lockext_wait": ("lockext, waiting in its FIFO queue", "#2da44e", "sync"),
     "article": ("article's design", "#cf222e", "sync"),
     "advisory": ("advisory locks", "#8250df", "none"),
     "floor": ("floor (durable insert, async delete)", "#57606a", "sync"),
@@ -81,6 +82,10 @@ SYSTEM_NOTES = [
     ("lockext_epoch", "`lockext.durability = epoch` and `synchronous_commit = off` for the session: "
                       "grants, releases and fenced writes all commit asynchronously; tokens stay safe "
                       "through boot epochs."),
+    ("lockext_wait", "contended workload only: each attempt calls `lock_acquire(..., wait => '10 "
+                     "seconds')` and waits in lockext's FIFO queue (woken by the release) instead of "
+                     "retrying; its latency is the hand-off latency, from joining the queue to "
+                     "holding the lock."),
     ("article", "the article's code as SQL, statement for statement, in schema `article` with its "
                 "own table, index and sequence: acquire = `BEGIN; DELETE expired; INSERT ... ON "
                 "CONFLICT DO NOTHING RETURNING; COMMIT` (four round trips), release = `DELETE` by "
@@ -124,6 +129,7 @@ WORKLOADS = {
         ("lockext", "contended_lockext", ""),
         ("lockext_async", "contended_lockext_async", ""),
         ("lockext_epoch", "contended_lockext", EPOCH),
+        ("lockext_wait", "contended_lockext_wait", ""),
         ("article", "contended_article", ARTICLE),
         ("advisory", "contended_advisory", ""),
         ("floor", "contended_floor", ""),
@@ -905,7 +911,7 @@ def report(cfg, results, meta, chart_names):
             a = find(results, name, art, r["clients"])
             f = find(results, name, flo, r["clients"])
             cells = [str(r["clients"]), r["label"] if r["system"] not in ("lockext", "lockext_async",
-                     "lockext_epoch") else f"**{r['label']}**",
+                     "lockext_epoch", "lockext_wait") else f"**{r['label']}**",
                      fmt_num(r["tps"]), ratio(r["tps"], a and a["tps"]), ratio(r["tps"], f and f["tps"]),
                      fmt_ms(r["p50"]), ratio(r["p50"], a and a["p50"]), ratio(r["p50"], f and f["p50"]),
                      fmt_ms(r["p99"]), ratio(r["p99"], a and a["p99"]), ratio(r["p99"], f and f["p99"])]
