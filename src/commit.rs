@@ -39,7 +39,9 @@ fn wal_end() -> u64 {
 /// before the client hears back.
 pub fn require_flush() {
     MINTED_IN.with(|m| m.set(local_xact()));
-    if unsafe { pg_sys::synchronous_commit } == pg_sys::SyncCommitLevel::SYNCHRONOUS_COMMIT_OFF as i32 {
+    if unsafe { pg_sys::synchronous_commit }
+        == pg_sys::SyncCommitLevel::SYNCHRONOUS_COMMIT_OFF as i32
+    {
         set_synchronous_commit(c"on");
     }
 }
@@ -47,7 +49,8 @@ pub fn require_flush() {
 /// Call before a renew or release writes: whether the transaction has, so far, written
 /// nothing but lockext's renewals and releases.
 pub fn only_leases_so_far() -> bool {
-    let no_writes_yet = unsafe { pg_sys::GetTopTransactionIdIfAny() } == pg_sys::InvalidTransactionId;
+    let no_writes_yet =
+        unsafe { pg_sys::GetTopTransactionIdIfAny() } == pg_sys::InvalidTransactionId;
     no_writes_yet || ONLY_LEASES.with(|o| o.get()) == Some((local_xact(), wal_end()))
 }
 

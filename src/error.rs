@@ -73,12 +73,12 @@ impl LockError {
             | LockError::TokenNotPositive { .. }
             | LockError::TokenNeverIssued { .. } => ERRCODE_INVALID_PARAMETER_VALUE, // 22023
             LockError::IdentifierTooLong { .. } => ERRCODE_STRING_DATA_RIGHT_TRUNCATION, // 22001
-            LockError::ReadOnlyServer => ERRCODE_READ_ONLY_SQL_TRANSACTION, // 25006
+            LockError::ReadOnlyServer => ERRCODE_READ_ONLY_SQL_TRANSACTION,   // 25006
             LockError::WaitNeedsReadCommitted => ERRCODE_FEATURE_NOT_SUPPORTED, // 0A000
-            LockError::ClockOutOfRange => ERRCODE_DATETIME_FIELD_OVERFLOW, // 22008
+            LockError::ClockOutOfRange => ERRCODE_DATETIME_FIELD_OVERFLOW,    // 22008
             LockError::EpochModeNeedsPreload => ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE, // 55000
             LockError::EpochsExhausted => ERRCODE_SEQUENCE_GENERATOR_LIMIT_EXCEEDED, // 2200H
-            LockError::Spi(_) => ERRCODE_INTERNAL_ERROR,                       // XX000
+            LockError::Spi(_) => ERRCODE_INTERNAL_ERROR,                      // XX000
         }
     }
 
@@ -135,7 +135,10 @@ pub fn identifier<'a>(arg: &'static str, value: Option<&'a str>) -> Result<&'a s
         return Err(LockError::EmptyIdentifier { arg });
     }
     if value.len() > MAX_ID_BYTES {
-        return Err(LockError::IdentifierTooLong { arg, len: value.len() });
+        return Err(LockError::IdentifierTooLong {
+            arg,
+            len: value.len(),
+        });
     }
     Ok(value)
 }
@@ -146,21 +149,33 @@ pub fn ttl(value: Option<Interval>) -> Result<Interval, LockError> {
     let value = value.ok_or(LockError::NullArgument { arg: "ttl" })?;
     let micros = value.as_micros();
     if micros <= 0 {
-        return Err(LockError::TtlNotPositive { ttl: value.to_string() });
+        return Err(LockError::TtlNotPositive {
+            ttl: value.to_string(),
+        });
     }
     if micros > i128::from(MAX_TTL_MICROS) {
-        return Err(LockError::TtlTooLong { ttl: value.to_string() });
+        return Err(LockError::TtlTooLong {
+            ttl: value.to_string(),
+        });
     }
     // Both casts are in range by the checks above, and months = days = 0 cannot mismatch.
-    Interval::new(0, 0, micros as i64).map_err(|_| LockError::TtlTooLong { ttl: value.to_string() })
+    Interval::new(0, 0, micros as i64).map_err(|_| LockError::TtlTooLong {
+        ttl: value.to_string(),
+    })
 }
 
 /// A wait or a lock-delay: present, from 0 to 1 day.
-pub fn duration(arg: &'static str, value: Option<Interval>) -> Result<std::time::Duration, LockError> {
+pub fn duration(
+    arg: &'static str,
+    value: Option<Interval>,
+) -> Result<std::time::Duration, LockError> {
     let value = value.ok_or(LockError::NullArgument { arg })?;
     let micros = value.as_micros();
     if micros < 0 || micros > i128::from(MAX_TTL_MICROS) {
-        return Err(LockError::DurationOutOfRange { arg, value: value.to_string() });
+        return Err(LockError::DurationOutOfRange {
+            arg,
+            value: value.to_string(),
+        });
     }
     Ok(std::time::Duration::from_micros(micros as u64))
 }

@@ -93,14 +93,19 @@ pub fn fenced_write(
     advance(resource_id, fence_token, Some(data))
 }
 
-fn fence_only(resource_id: Option<&str>, fence_token: Option<i64>) -> Result<Option<i64>, LockError> {
+fn fence_only(
+    resource_id: Option<&str>,
+    fence_token: Option<i64>,
+) -> Result<Option<i64>, LockError> {
     let resource_id = error::identifier("resource_id", resource_id)?;
     let fence_token = error::token("fence_token", fence_token)?;
     if advance(resource_id, fence_token, None)? {
         return Ok(None);
     }
     Spi::connect_mut(|client| {
-        Ok(first_value::<i64>(HIGH_WATER_MARK.run(client, &[resource_id.into()])?)?)
+        Ok(first_value::<i64>(
+            HIGH_WATER_MARK.run(client, &[resource_id.into()])?,
+        )?)
     })
 }
 
@@ -111,12 +116,21 @@ fn checked_token(fence_token: Option<i64>) -> Result<(), LockError> {
 
 /// The one path every fenced write takes: refuse forged tokens, then move the resource's
 /// high-water mark up (or keep it), storing `data` when given. False when stale.
-fn advance(resource_id: &str, fence_token: i64, data: Option<pgrx::JsonB>) -> Result<bool, LockError> {
+fn advance(
+    resource_id: &str,
+    fence_token: i64,
+    data: Option<pgrx::JsonB>,
+) -> Result<bool, LockError> {
     error::writable_server()?;
     let accepted = Spi::connect_mut(|client| {
         token::require_issued(client, fence_token)?;
         let replace = data.is_some();
-        let args = [DatumWithOid::from(resource_id), fence_token.into(), data.into(), replace.into()];
+        let args = [
+            DatumWithOid::from(resource_id),
+            fence_token.into(),
+            data.into(),
+            replace.into(),
+        ];
         Ok::<_, LockError>(!ADVANCE.run(client, &args)?.is_empty())
     })?;
     if !accepted {

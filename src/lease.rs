@@ -1,8 +1,9 @@
 //! Leases: lock_acquire, lock_renew, lock_release.
 //!
-//! A lease is one row of `lockext.locks`. None of these functions ever waits for another
-//! transaction: a lease that someone else is in the middle of changing (an acquire or a
-//! release inside a transaction that is still open, the reaper deleting it) counts as
+//! A lease is one row of `lockext.locks`. Unless a caller asks lock_acquire to wait (and
+//! then it waits in lockext's own queue, `wait.rs`), none of these functions ever waits for
+//! another transaction: a lease that someone else is in the middle of changing (an acquire
+//! or a release inside a transaction that is still open, the reaper deleting it) counts as
 //! not available, and the call answers at once. Row changes use `FOR UPDATE SKIP LOCKED`;
 //! the one change that has no row to lock yet, the first insert of a lock id, is claimed
 //! with a transaction-scoped lock that is only ever tried (`try_claim`).
@@ -20,11 +21,11 @@ use pgrx::spi::SpiClient;
 
 use crate::commit;
 use crate::error::{self, LockError, OrReport};
-use crate::statements::{first_value, Statement};
 use crate::settings;
+use crate::statements::{first_value, Statement};
 use crate::stats::{self, Counter};
-use crate::wait;
 use crate::token::{self, mint_sql};
+use crate::wait;
 
 /// Marks lockext's claims among advisory locks in `pg_locks` (objsubid 19531, "LK"); the
 /// built-in advisory functions use 1 and 2, so the two never collide.
@@ -32,8 +33,15 @@ const CLAIM_TAG: u16 = 0x4C4B;
 
 // Parameters shared by the acquire statements: $1 lock_id, $2 owner, $3 calling role,
 // $4 ttl, $5 now, $6 token epoch, $7 the new grant's lock-delay.
-const ACQUIRE_PARAMS: &[pg_sys::PgBuiltInOids] =
-    &[TEXTOID, TEXTOID, OIDOID, INTERVALOID, TIMESTAMPTZOID, INT8OID, INTERVALOID];
+const ACQUIRE_PARAMS: &[pg_sys::PgBuiltInOids] = &[
+    TEXTOID,
+    TEXTOID,
+    OIDOID,
+    INTERVALOID,
+    TIMESTAMPTZOID,
+    INT8OID,
+    INTERVALOID,
+];
 
 // Is the lock held by someone else (live, or expired but within its lock-delay), and if
 // so, in how many milliseconds will it be free unless renewed?
@@ -97,7 +105,14 @@ static RENEW: Statement = Statement {
                      FOR UPDATE SKIP LOCKED) AS c \
            WHERE l.lock_id = c.lock_id \
           RETURNING l.expires_at",
-    params: &[TEXTOID, TEXTOID, OIDOID, INTERVALOID, TIMESTAMPTZOID, INT8OID],
+    params: &[
+        TEXTOID,
+        TEXTOID,
+        OIDOID,
+        INTERVALOID,
+        TIMESTAMPTZOID,
+        INT8OID,
+    ],
 };
 
 // Deletes the caller's row whether or not it has expired (that is only cleanup), and
@@ -199,7 +214,14 @@ pub fn acquire(
     } else {
         wait_for(lock_id, &mut args, Instant::now() + wait)?
     };
-    let Some(Granted { grant, minted, took_over, previous_token, token }) = granted else {
+    let Some(Granted {
+        grant,
+        minted,
+        took_over,
+        previous_token,
+        token,
+    }) = granted
+    else {
         stats::count(Counter::AcquiresRefused);
         return Ok(None);
     };
@@ -273,7 +295,10 @@ fn attempt(
     })
 }
 
-fn peek(client: &mut SpiClient<'_>, args: &[DatumWithOid<'_>]) -> Result<(Option<bool>, Option<i64>), LockError> {
+fn peek(
+    client: &mut SpiClient<'_>,
+    args: &[DatumWithOid<'_>],
+) -> Result<(Option<bool>, Option<i64>), LockError> {
     let rows = PEEK.run(client, args)?;
     if rows.is_empty() {
         return Ok((None, None));
@@ -295,7 +320,10 @@ fn take_over(
     args: &[DatumWithOid<'_>],
 ) -> Result<Option<Granted>, LockError> {
     let granted = grant_row(TAKE_OVER.run(client, args)?)?;
-    Ok(granted.map(|g| Granted { took_over: g.minted, ..g }))
+    Ok(granted.map(|g| Granted {
+        took_over: g.minted,
+        ..g
+    }))
 }
 
 /// The grant from an acquire statement's RETURNING, if any.
@@ -304,12 +332,21 @@ fn grant_row(rows: pgrx::spi::SpiTupleTable<'_>) -> Result<Option<Granted>, Lock
         return Ok(None);
     }
     let row = rows.first();
-    let (Some(grant), Some(minted), Some(token)) = (row.get::<Grant>(1)?, row.get::<bool>(2)?, row.get::<i64>(4)?)
-    else {
+    let (Some(grant), Some(minted), Some(token)) = (
+        row.get::<Grant>(1)?,
+        row.get::<bool>(2)?,
+        row.get::<i64>(4)?,
+    ) else {
         return Ok(None);
     };
     let previous_token = row.get::<i64>(3)?;
-    Ok(Some(Granted { grant, minted, took_over: false, previous_token, token }))
+    Ok(Some(Granted {
+        grant,
+        minted,
+        took_over: false,
+        previous_token,
+        token,
+    }))
 }
 
 pub fn renew(
@@ -334,7 +371,11 @@ pub fn renew(
     let only_leases = commit::only_leases_so_far();
     let renewed = Spi::connect_mut(|client| first_value(RENEW.run(client, &args)?))?;
     commit::relax_if_only_leases(only_leases);
-    stats::count(if renewed.is_some() { Counter::RenewalsOk } else { Counter::RenewalsFailed });
+    stats::count(if renewed.is_some() {
+        Counter::RenewalsOk
+    } else {
+        Counter::RenewalsFailed
+    });
     Ok(renewed)
 }
 
@@ -361,14 +402,21 @@ pub fn release(
             return Ok(None);
         }
         let row = rows.first();
-        Ok(Some((row.get::<bool>(1)?.unwrap_or(false), row.get::<i64>(2)?.unwrap_or(0))))
+        Ok(Some((
+            row.get::<bool>(1)?.unwrap_or(false),
+            row.get::<i64>(2)?.unwrap_or(0),
+        )))
     })?;
     commit::relax_if_only_leases(only_leases);
     if deleted.is_some() {
         wait::wake_head_at_commit(lock_id);
     }
     let released = matches!(deleted, Some((true, _)));
-    stats::count(if released { Counter::ReleasesOk } else { Counter::ReleasesFailed });
+    stats::count(if released {
+        Counter::ReleasesOk
+    } else {
+        Counter::ReleasesFailed
+    });
     if let Some((true, token)) = deleted {
         notify("released", lock_id, token, None)?;
     }
@@ -377,19 +425,28 @@ pub fn release(
 
 /// Sends a lockext event to LISTENers of channel `lockext` when the transaction commits,
 /// if `lockext.notify` is on.
-pub fn notify(event: &str, lock_id: &str, token: i64, previous: Option<i64>) -> Result<(), LockError> {
+pub fn notify(
+    event: &str,
+    lock_id: &str,
+    token: i64,
+    previous: Option<i64>,
+) -> Result<(), LockError> {
     if !settings::NOTIFY.get() {
         return Ok(());
     }
     Spi::connect_mut(|client| {
-        NOTIFY.run(client, &[event.into(), lock_id.into(), token.into(), previous.into()])?;
+        NOTIFY.run(
+            client,
+            &[event.into(), lock_id.into(), token.into(), previous.into()],
+        )?;
         Ok(())
     })
 }
 
 /// A duration as an interval of plain microseconds.
 fn micros_interval(d: Duration) -> Interval {
-    Interval::new(0, 0, d.as_micros() as i64).unwrap_or_else(|_| Interval::new(0, 0, 0).expect("zero"))
+    Interval::new(0, 0, d.as_micros() as i64)
+        .unwrap_or_else(|_| Interval::new(0, 0, 0).expect("zero"))
 }
 
 /// The server's clock now: what `clock_timestamp()` returns. Never the transaction's start
@@ -459,5 +516,7 @@ fn keep_another_claim() -> bool {
 /// FNV-1a, 64 bits: stable across builds and processes, as a lock key shared by backends
 /// (possibly running different builds during an upgrade) must be.
 pub fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
 }

@@ -27,7 +27,11 @@ extension_sql_file!(
     requires = [fence::fence_advance, fence::check_token]
 );
 // Views for operators.
-extension_sql_file!("../sql/views.sql", name = "views", requires = [stats::stats, wait::waiters]);
+extension_sql_file!(
+    "../sql/views.sql",
+    name = "views",
+    requires = [stats::stats, wait::waiters]
+);
 // Roles and EXECUTE grants, once the functions exist.
 extension_sql_file!("../sql/privileges.sql", name = "privileges", finalize);
 

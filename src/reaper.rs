@@ -22,8 +22,7 @@ use std::time::Duration;
 
 use pgrx::bgworkers::{
     BackgroundWorker, BackgroundWorkerBuilder, BackgroundWorkerStatus, BgWorkerStartTime,
-    DynamicBackgroundWorker,
-    SignalWakeFlags,
+    DynamicBackgroundWorker, SignalWakeFlags,
 };
 use pgrx::datum::DatumWithOid;
 use pgrx::pg_sys::panic::CaughtError;
@@ -168,7 +167,10 @@ impl Launcher {
 /// database cannot use catalog indexes until some backend has cached them.
 /// A reaper registered a moment ago has not started yet: that is not a dead one.
 fn has_stopped(worker: &DynamicBackgroundWorker) -> bool {
-    matches!(worker.pid(), Err(BackgroundWorkerStatus::Stopped | BackgroundWorkerStatus::PostmasterDied))
+    matches!(
+        worker.pid(),
+        Err(BackgroundWorkerStatus::Stopped | BackgroundWorkerStatus::PostmasterDied)
+    )
 }
 
 fn database_exists(db: &str) -> bool {
@@ -213,7 +215,9 @@ pub extern "C-unwind" fn lockext_reaper_main(_arg: pg_sys::Datum) {
             pg_sys::GucSource::PGC_S_OVERRIDE,
         )
     };
-    let reporter = Reporter::claim(unsafe { pg_sys::MyDatabaseId }, unsafe { pg_sys::MyProcPid });
+    let reporter = Reporter::claim(unsafe { pg_sys::MyDatabaseId }, unsafe {
+        pg_sys::MyProcPid
+    });
     let mut reported_no_extension = false;
     loop {
         if !unsafe { pg_sys::RecoveryInProgress() } {
@@ -227,7 +231,10 @@ pub extern "C-unwind" fn lockext_reaper_main(_arg: pg_sys::Datum) {
                         log!("lockext: extension lockext is not installed in database \"{db}\"; the reaper waits for it");
                         reported_no_extension = true;
                     }
-                    reporter.round_done(0, Some("extension lockext is not installed in this database"));
+                    reporter.round_done(
+                        0,
+                        Some("extension lockext is not installed in this database"),
+                    );
                 }
                 Err(RoundError::Failed { reaped, message }) => {
                     log!("lockext: the reaper of database \"{db}\" failed: {message}");
@@ -326,7 +333,9 @@ fn caught_message(caught: &CaughtError) -> String {
     match caught {
         CaughtError::PostgresError(report)
         | CaughtError::ErrorReport(report)
-        | CaughtError::RustPanic { ereport: report, .. } => report.message().to_string(),
+        | CaughtError::RustPanic {
+            ereport: report, ..
+        } => report.message().to_string(),
     }
 }
 

@@ -130,7 +130,10 @@ unsafe extern "C-unwind" fn check_durability(
 
 /// The database names in `lockext.database`, trimmed, without empties or repeats.
 pub fn databases() -> Vec<String> {
-    let raw = DATABASE.get().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+    let raw = DATABASE
+        .get()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
     let mut names: Vec<String> = Vec::new();
     for name in raw.split(',').map(str::trim).filter(|n| !n.is_empty()) {
         if !names.iter().any(|n| n == name) {

@@ -11,7 +11,9 @@ use pgrx::{pg_shmem_init, PGRXSharedMemory, PgAtomic};
 use crate::settings;
 
 /// Upper bounds (microseconds) of the acquire latency buckets; the last bucket is open.
-pub const LATENCY_BOUNDS_US: [u64; 10] = [50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 50_000, 100_000];
+pub const LATENCY_BOUNDS_US: [u64; 10] = [
+    50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 50_000, 100_000,
+];
 
 #[derive(Clone, Copy, Debug)]
 pub enum Counter {
@@ -82,7 +84,10 @@ impl Drop for AcquireTimer {
             return;
         }
         let us = self.0.elapsed().as_micros() as u64;
-        let bucket = LATENCY_BOUNDS_US.iter().position(|&b| us < b).unwrap_or(LATENCY_BOUNDS_US.len());
+        let bucket = LATENCY_BOUNDS_US
+            .iter()
+            .position(|&b| us < b)
+            .unwrap_or(LATENCY_BOUNDS_US.len());
         COUNTERS_SHM.get().latency[bucket].fetch_add(1, Ordering::Relaxed);
     }
 }
@@ -90,7 +95,14 @@ impl Drop for AcquireTimer {
 /// One row per counter; `acquire_latency_lt_<N>us` rows are the histogram buckets.
 #[pg_extern(volatile, parallel_safe)]
 #[search_path(pg_catalog, pg_temp)]
-fn stats() -> TableIterator<'static, (name!(name, String), name!(value, i64), name!(since, Option<TimestampWithTimeZone>))> {
+fn stats() -> TableIterator<
+    'static,
+    (
+        name!(name, String),
+        name!(value, i64),
+        name!(since, Option<TimestampWithTimeZone>),
+    ),
+> {
     if !settings::preloaded() {
         return TableIterator::new(Vec::new());
     }
@@ -107,7 +119,10 @@ fn stats() -> TableIterator<'static, (name!(name, String), name!(value, i64), na
     for (i, v) in shm.latency.iter().enumerate() {
         let name = match LATENCY_BOUNDS_US.get(i) {
             Some(bound) => format!("acquire_latency_lt_{bound}us"),
-            None => format!("acquire_latency_ge_{}us", LATENCY_BOUNDS_US[LATENCY_BOUNDS_US.len() - 1]),
+            None => format!(
+                "acquire_latency_ge_{}us",
+                LATENCY_BOUNDS_US[LATENCY_BOUNDS_US.len() - 1]
+            ),
         };
         rows.push((name, v.load(Ordering::Relaxed) as i64, since));
     }
@@ -122,6 +137,12 @@ fn stats_reset() {
         return;
     }
     let shm = COUNTERS_SHM.get();
-    shm.counts.iter().chain(shm.latency.iter()).for_each(|c| c.store(0, Ordering::Relaxed));
-    shm.reset_at.store(unsafe { pg_sys::GetCurrentTimestamp() } as u64, Ordering::Relaxed);
+    shm.counts
+        .iter()
+        .chain(shm.latency.iter())
+        .for_each(|c| c.store(0, Ordering::Relaxed));
+    shm.reset_at.store(
+        unsafe { pg_sys::GetCurrentTimestamp() } as u64,
+        Ordering::Relaxed,
+    );
 }

@@ -125,14 +125,21 @@ fn reaper_status() -> TableIterator<
     if !crate::settings::preloaded() {
         return TableIterator::new(Vec::new());
     }
-    let slots: Vec<ReaperSlot> =
-        BOARD.share().slots.iter().copied().filter(|s| s.database != 0).collect();
+    let slots: Vec<ReaperSlot> = BOARD
+        .share()
+        .slots
+        .iter()
+        .copied()
+        .filter(|s| s.database != 0)
+        .collect();
     TableIterator::new(slots.into_iter().map(|s| {
         let error = String::from_utf8_lossy(&s.error[..s.error_len]).into_owned();
         (
             database_name(s.database),
             s.pid,
-            (s.last_run != 0).then(|| TimestampWithTimeZone::try_from(s.last_run).ok()).flatten(),
+            (s.last_run != 0)
+                .then(|| TimestampWithTimeZone::try_from(s.last_run).ok())
+                .flatten(),
             s.rounds as i64,
             s.reaped_total as i64,
             s.reaped_last_round as i64,
@@ -147,6 +154,10 @@ fn database_name(oid: u32) -> Option<String> {
         if name.is_null() {
             return None;
         }
-        Some(std::ffi::CStr::from_ptr(name).to_string_lossy().into_owned())
+        Some(
+            std::ffi::CStr::from_ptr(name)
+                .to_string_lossy()
+                .into_owned(),
+        )
     }
 }

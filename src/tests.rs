@@ -16,7 +16,9 @@ mod tests {
     }
 
     fn expiry_of(lock_id: &str) -> Option<TimestampWithTimeZone> {
-        one(&format!("SELECT expires_at FROM lockext.locks WHERE lock_id = '{lock_id}'"))
+        one(&format!(
+            "SELECT expires_at FROM lockext.locks WHERE lock_id = '{lock_id}'"
+        ))
     }
 
     fn sleep_ms(ms: u32) {
@@ -41,13 +43,12 @@ mod tests {
 
     #[pg_test]
     fn acquire_free_lock_grants_a_positive_token() {
-        let token = token_of("job@acquire_free_lock_gr", "w1", "30 seconds").expect("a free lock is granted");
+        let token = token_of("job@acquire_free_lock_gr", "w1", "30 seconds")
+            .expect("a free lock is granted");
         assert!(token > 0);
-        let ok: bool = one(
-            "SELECT l.owner = 'w1' AND l.expires_at > l.acquired_at \
+        let ok: bool = one("SELECT l.owner = 'w1' AND l.expires_at > l.acquired_at \
                 AND l.expires_at <= clock_timestamp() + interval '30 seconds' \
-               FROM lockext.locks l WHERE lock_id = 'job@acquire_free_lock_gr'",
-        )
+               FROM lockext.locks l WHERE lock_id = 'job@acquire_free_lock_gr'")
         .unwrap();
         assert!(ok);
     }
@@ -66,8 +67,14 @@ mod tests {
     #[pg_test]
     fn live_lease_refuses_other_owner() {
         assert!(token_of("job@live_lease_refuses_o", "w1", "30 seconds").is_some());
-        assert_eq!(token_of("job@live_lease_refuses_o", "w2", "30 seconds"), None);
-        let is_null: bool = one("SELECT lockext.lock_acquire('job@live_lease_refuses_o', 'w2', '1 minute') IS NULL").unwrap();
+        assert_eq!(
+            token_of("job@live_lease_refuses_o", "w2", "30 seconds"),
+            None
+        );
+        let is_null: bool = one(
+            "SELECT lockext.lock_acquire('job@live_lease_refuses_o', 'w2', '1 minute') IS NULL",
+        )
+        .unwrap();
         assert!(is_null);
     }
 
@@ -92,10 +99,13 @@ mod tests {
     fn expired_lease_is_taken_over_in_place_with_higher_token() {
         let old = token_of("job@expired_lease_is_tak", "w1", "10 milliseconds").unwrap();
         sleep_ms(30);
-        let new = token_of("job@expired_lease_is_tak", "w2", "1 minute").expect("an expired lease is free");
+        let new = token_of("job@expired_lease_is_tak", "w2", "1 minute")
+            .expect("an expired lease is free");
         assert!(new > old);
         assert_eq!(rows("locks"), 1);
-        let owner: String = one("SELECT owner FROM lockext.locks WHERE lock_id = 'job@expired_lease_is_tak'").unwrap();
+        let owner: String =
+            one("SELECT owner FROM lockext.locks WHERE lock_id = 'job@expired_lease_is_tak'")
+                .unwrap();
         assert_eq!(owner, "w2");
     }
 
@@ -104,25 +114,47 @@ mod tests {
         let old = token_of("job@same_owner_after_exp", "w1", "10 milliseconds").unwrap();
         sleep_ms(30);
         let new = token_of("job@same_owner_after_exp", "w1", "1 minute").unwrap();
-        assert!(new > old, "an expired grant is over; a new one needs a new token");
+        assert!(
+            new > old,
+            "an expired grant is over; a new one needs a new token"
+        );
     }
 
     /// The article's scenario: A pauses past its lease, B takes the lock and writes, A wakes.
     #[pg_test]
     fn paused_holder_is_fenced_off() {
         let a = token_of("ledger@paused_holder_is_fen", "A", "20 milliseconds").unwrap();
-        assert!(one::<bool>(&format!("SELECT lockext.fenced_update('acct', {a}, '{{\"by\":\"A\"}}')")).unwrap());
+        assert!(one::<bool>(&format!(
+            "SELECT lockext.fenced_update('acct', {a}, '{{\"by\":\"A\"}}')"
+        ))
+        .unwrap());
         sleep_ms(50); // A's "GC pause"
-        let b = token_of("ledger@paused_holder_is_fen", "B", "1 minute").expect("B gets the expired lock");
+        let b = token_of("ledger@paused_holder_is_fen", "B", "1 minute")
+            .expect("B gets the expired lock");
         assert!(b > a);
-        assert!(one::<bool>(&format!("SELECT lockext.fenced_update('acct', {b}, '{{\"by\":\"B\"}}')")).unwrap());
+        assert!(one::<bool>(&format!(
+            "SELECT lockext.fenced_update('acct', {b}, '{{\"by\":\"B\"}}')"
+        ))
+        .unwrap());
         // A wakes up believing it holds the lock.
-        assert!(!one::<bool>(&format!("SELECT lockext.fenced_update('acct', {a}, '{{\"by\":\"A\"}}')")).unwrap());
-        assert!(one::<bool>(&format!("SELECT lockext.lock_renew('ledger@paused_holder_is_fen', 'A', '1 minute') IS NULL")).unwrap());
-        assert!(!one::<bool>("SELECT lockext.lock_release('ledger@paused_holder_is_fen', 'A')").unwrap());
-        let by: String = one("SELECT data->>'by' FROM lockext.resources WHERE resource_id = 'acct'").unwrap();
+        assert!(!one::<bool>(&format!(
+            "SELECT lockext.fenced_update('acct', {a}, '{{\"by\":\"A\"}}')"
+        ))
+        .unwrap());
+        assert!(one::<bool>(&format!(
+            "SELECT lockext.lock_renew('ledger@paused_holder_is_fen', 'A', '1 minute') IS NULL"
+        ))
+        .unwrap());
+        assert!(
+            !one::<bool>("SELECT lockext.lock_release('ledger@paused_holder_is_fen', 'A')")
+                .unwrap()
+        );
+        let by: String =
+            one("SELECT data->>'by' FROM lockext.resources WHERE resource_id = 'acct'").unwrap();
         assert_eq!(by, "B");
-        let holder: String = one("SELECT owner FROM lockext.locks WHERE lock_id = 'ledger@paused_holder_is_fen'").unwrap();
+        let holder: String =
+            one("SELECT owner FROM lockext.locks WHERE lock_id = 'ledger@paused_holder_is_fen'")
+                .unwrap();
         assert_eq!(holder, "B");
     }
 
@@ -131,7 +163,8 @@ mod tests {
         token_of("job@renew_extends_a_live", "w1", "1 second").unwrap();
         let before = expiry_of("job@renew_extends_a_live").unwrap();
         let renewed: TimestampWithTimeZone =
-            one("SELECT lockext.lock_renew('job@renew_extends_a_live', 'w1', '1 minute')").expect("live lease renews");
+            one("SELECT lockext.lock_renew('job@renew_extends_a_live', 'w1', '1 minute')")
+                .expect("live lease renews");
         assert!(renewed > before);
         assert_eq!(expiry_of("job@renew_extends_a_live").unwrap(), renewed);
     }
@@ -140,22 +173,37 @@ mod tests {
     fn renew_of_expired_lease_fails() {
         token_of("job@renew_of_expired_lea", "w1", "10 milliseconds").unwrap();
         sleep_ms(30);
-        assert!(one::<bool>("SELECT lockext.lock_renew('job@renew_of_expired_lea', 'w1', '1 minute') IS NULL").unwrap());
+        assert!(one::<bool>(
+            "SELECT lockext.lock_renew('job@renew_of_expired_lea', 'w1', '1 minute') IS NULL"
+        )
+        .unwrap());
     }
 
     #[pg_test]
     fn renew_checks_owner_and_token() {
         let t = token_of("job@renew_checks_owner_a", "w1", "1 minute").unwrap();
-        assert!(one::<bool>("SELECT lockext.lock_renew('job@renew_checks_owner_a', 'w2', '1 minute') IS NULL").unwrap());
-        assert!(one::<bool>(&format!("SELECT lockext.lock_renew('job@renew_checks_owner_a', 'w1', '1 minute', {}) IS NULL", t + 1)).unwrap());
+        assert!(one::<bool>(
+            "SELECT lockext.lock_renew('job@renew_checks_owner_a', 'w2', '1 minute') IS NULL"
+        )
+        .unwrap());
+        assert!(one::<bool>(&format!(
+            "SELECT lockext.lock_renew('job@renew_checks_owner_a', 'w1', '1 minute', {}) IS NULL",
+            t + 1
+        ))
+        .unwrap());
         assert!(one::<bool>(&format!("SELECT lockext.lock_renew('job@renew_checks_owner_a', 'w1', '1 minute', {t}) IS NOT NULL")).unwrap());
-        assert!(one::<bool>("SELECT lockext.lock_renew('nope@renew_checks_owner_a', 'w1', '1 minute') IS NULL").unwrap());
+        assert!(one::<bool>(
+            "SELECT lockext.lock_renew('nope@renew_checks_owner_a', 'w1', '1 minute') IS NULL"
+        )
+        .unwrap());
     }
 
     #[pg_test]
     fn release_frees_the_lock() {
         token_of("job@release_frees_the_lo", "w1", "1 minute").unwrap();
-        assert!(one::<bool>("SELECT lockext.lock_release('job@release_frees_the_lo', 'w1')").unwrap());
+        assert!(
+            one::<bool>("SELECT lockext.lock_release('job@release_frees_the_lo', 'w1')").unwrap()
+        );
         assert_eq!(rows("locks"), 0);
         assert!(token_of("job@release_frees_the_lo", "w2", "1 minute").is_some());
     }
@@ -163,18 +211,32 @@ mod tests {
     #[pg_test]
     fn release_checks_owner_and_token() {
         let t = token_of("job@release_checks_owner", "w1", "1 minute").unwrap();
-        assert!(!one::<bool>("SELECT lockext.lock_release('job@release_checks_owner', 'w2')").unwrap());
-        assert!(!one::<bool>(&format!("SELECT lockext.lock_release('job@release_checks_owner', 'w1', {})", t + 1)).unwrap());
+        assert!(
+            !one::<bool>("SELECT lockext.lock_release('job@release_checks_owner', 'w2')").unwrap()
+        );
+        assert!(!one::<bool>(&format!(
+            "SELECT lockext.lock_release('job@release_checks_owner', 'w1', {})",
+            t + 1
+        ))
+        .unwrap());
         assert_eq!(rows("locks"), 1);
-        assert!(one::<bool>(&format!("SELECT lockext.lock_release('job@release_checks_owner', 'w1', {t})")).unwrap());
-        assert!(!one::<bool>("SELECT lockext.lock_release('job@release_checks_owner', 'w1')").unwrap(), "released twice");
+        assert!(one::<bool>(&format!(
+            "SELECT lockext.lock_release('job@release_checks_owner', 'w1', {t})"
+        ))
+        .unwrap());
+        assert!(
+            !one::<bool>("SELECT lockext.lock_release('job@release_checks_owner', 'w1')").unwrap(),
+            "released twice"
+        );
     }
 
     #[pg_test]
     fn release_of_expired_lease_reports_false_and_cleans_up() {
         token_of("job@release_of_expired_l", "w1", "10 milliseconds").unwrap();
         sleep_ms(30);
-        assert!(!one::<bool>("SELECT lockext.lock_release('job@release_of_expired_l', 'w1')").unwrap());
+        assert!(
+            !one::<bool>("SELECT lockext.lock_release('job@release_of_expired_l', 'w1')").unwrap()
+        );
         assert_eq!(rows("locks"), 0);
     }
 
@@ -183,7 +245,10 @@ mod tests {
         let t1 = token_of("l1@fenced_update_accept", "w", "1 minute").unwrap();
         let t2 = token_of("l2@fenced_update_accept", "w", "1 minute").unwrap();
         let write = |t: i64, v: i32| -> bool {
-            one(&format!("SELECT lockext.fenced_update('r', {t}, '{{\"v\":{v}}}')")).unwrap()
+            one(&format!(
+                "SELECT lockext.fenced_update('r', {t}, '{{\"v\":{v}}}')"
+            ))
+            .unwrap()
         };
         assert!(write(t1, 1), "first write creates the resource");
         assert!(write(t1, 2), "the same grant writes again");
@@ -199,7 +264,13 @@ mod tests {
     #[pg_test]
     fn fenced_update_refuses_forged_token() {
         let t = token_of("l@fenced_update_refuse", "w", "1 minute").unwrap();
-        assert_eq!(sqlstate_of(&format!("SELECT lockext.fenced_update('r', {}, '{{}}')", t + 1000)), "22023");
+        assert_eq!(
+            sqlstate_of(&format!(
+                "SELECT lockext.fenced_update('r', {}, '{{}}')",
+                t + 1000
+            )),
+            "22023"
+        );
         assert_eq!(rows("resources"), 0);
     }
 
@@ -210,7 +281,11 @@ mod tests {
         token_of("dead3@reap_batch_deletes_o", "w", "10 milliseconds").unwrap();
         token_of("live@reap_batch_deletes_o", "w", "1 minute").unwrap();
         sleep_ms(30);
-        assert_eq!(crate::reaper::reap_batch(2).unwrap(), 2, "a batch is bounded");
+        assert_eq!(
+            crate::reaper::reap_batch(2).unwrap(),
+            2,
+            "a batch is bounded"
+        );
         assert_eq!(crate::reaper::reap_batch(2).unwrap(), 1);
         assert_eq!(crate::reaper::reap_batch(2).unwrap(), 0);
         let left: String = one("SELECT string_agg(lock_id, ',') FROM lockext.locks").unwrap();
@@ -221,7 +296,10 @@ mod tests {
     fn reap_batch_spares_a_lease_renewed_before_expiry() {
         token_of("job@reap_batch_spares_a_", "w", "40 milliseconds").unwrap();
         sleep_ms(20);
-        assert!(one::<bool>("SELECT lockext.lock_renew('job@reap_batch_spares_a_', 'w', '1 minute') IS NOT NULL").unwrap());
+        assert!(one::<bool>(
+            "SELECT lockext.lock_renew('job@reap_batch_spares_a_', 'w', '1 minute') IS NOT NULL"
+        )
+        .unwrap());
         sleep_ms(40);
         assert_eq!(crate::reaper::reap_batch(100).unwrap(), 0);
         assert_eq!(rows("locks"), 1);
@@ -231,30 +309,85 @@ mod tests {
     fn bad_input_raises_documented_sqlstates_and_writes_nothing() {
         let long = "x".repeat(257);
         let cases: Vec<(String, &str)> = vec![
-            ("SELECT lockext.lock_acquire(NULL, 'o', '1s')".into(), "22004"),
-            ("SELECT lockext.lock_acquire('l@bad_input_raises_doc', NULL, '1s')".into(), "22004"),
-            ("SELECT lockext.lock_acquire('l@bad_input_raises_doc', 'o', NULL)".into(), "22004"),
+            (
+                "SELECT lockext.lock_acquire(NULL, 'o', '1s')".into(),
+                "22004",
+            ),
+            (
+                "SELECT lockext.lock_acquire('l@bad_input_raises_doc', NULL, '1s')".into(),
+                "22004",
+            ),
+            (
+                "SELECT lockext.lock_acquire('l@bad_input_raises_doc', 'o', NULL)".into(),
+                "22004",
+            ),
             ("SELECT lockext.lock_acquire('', 'o', '1s')".into(), "22023"),
-            ("SELECT lockext.lock_acquire('l@bad_input_raises_doc', '', '1s')".into(), "22023"),
-            ("SELECT lockext.lock_acquire('l@bad_input_raises_doc', 'o', '0s')".into(), "22023"),
-            ("SELECT lockext.lock_acquire('l@bad_input_raises_doc', 'o', '-1s')".into(), "22023"),
-            ("SELECT lockext.lock_acquire('l@bad_input_raises_doc', 'o', '1 day 1 second')".into(), "22023"),
-            ("SELECT lockext.lock_acquire('l@bad_input_raises_doc', 'o', '1 month')".into(), "22023"),
-            (format!("SELECT lockext.lock_acquire('{long}', 'o', '1s')"), "22001"),
-            (format!("SELECT lockext.lock_acquire('l@bad_input_raises_doc', '{long}', '1s')"), "22001"),
+            (
+                "SELECT lockext.lock_acquire('l@bad_input_raises_doc', '', '1s')".into(),
+                "22023",
+            ),
+            (
+                "SELECT lockext.lock_acquire('l@bad_input_raises_doc', 'o', '0s')".into(),
+                "22023",
+            ),
+            (
+                "SELECT lockext.lock_acquire('l@bad_input_raises_doc', 'o', '-1s')".into(),
+                "22023",
+            ),
+            (
+                "SELECT lockext.lock_acquire('l@bad_input_raises_doc', 'o', '1 day 1 second')"
+                    .into(),
+                "22023",
+            ),
+            (
+                "SELECT lockext.lock_acquire('l@bad_input_raises_doc', 'o', '1 month')".into(),
+                "22023",
+            ),
+            (
+                format!("SELECT lockext.lock_acquire('{long}', 'o', '1s')"),
+                "22001",
+            ),
+            (
+                format!("SELECT lockext.lock_acquire('l@bad_input_raises_doc', '{long}', '1s')"),
+                "22001",
+            ),
             ("SELECT lockext.lock_renew(NULL, 'o', '1s')".into(), "22004"),
-            ("SELECT lockext.lock_renew('l@bad_input_raises_doc', 'o', '0s')".into(), "22023"),
-            ("SELECT lockext.lock_renew('l@bad_input_raises_doc', 'o', '1s', 0)".into(), "22023"),
-            ("SELECT lockext.lock_renew('l@bad_input_raises_doc', 'o', '1s', -5)".into(), "22023"),
-            ("SELECT lockext.lock_release('l@bad_input_raises_doc', NULL)".into(), "22004"),
+            (
+                "SELECT lockext.lock_renew('l@bad_input_raises_doc', 'o', '0s')".into(),
+                "22023",
+            ),
+            (
+                "SELECT lockext.lock_renew('l@bad_input_raises_doc', 'o', '1s', 0)".into(),
+                "22023",
+            ),
+            (
+                "SELECT lockext.lock_renew('l@bad_input_raises_doc', 'o', '1s', -5)".into(),
+                "22023",
+            ),
+            (
+                "SELECT lockext.lock_release('l@bad_input_raises_doc', NULL)".into(),
+                "22004",
+            ),
             ("SELECT lockext.lock_release('', 'o')".into(), "22023"),
-            ("SELECT lockext.lock_release('l@bad_input_raises_doc', 'o', 0)".into(), "22023"),
-            ("SELECT lockext.fenced_update(NULL, 1, '{}')".into(), "22004"),
-            ("SELECT lockext.fenced_update('r', NULL, '{}')".into(), "22004"),
+            (
+                "SELECT lockext.lock_release('l@bad_input_raises_doc', 'o', 0)".into(),
+                "22023",
+            ),
+            (
+                "SELECT lockext.fenced_update(NULL, 1, '{}')".into(),
+                "22004",
+            ),
+            (
+                "SELECT lockext.fenced_update('r', NULL, '{}')".into(),
+                "22004",
+            ),
             ("SELECT lockext.fenced_update('r', 1, NULL)".into(), "22004"),
             ("SELECT lockext.fenced_update('', 1, '{}')".into(), "22023"),
             ("SELECT lockext.fenced_update('r', 0, '{}')".into(), "22023"),
-            (format!("SELECT lockext.fenced_update('{long}', 1, '{{}}')"), "22001"),
+            (
+                format!("SELECT lockext.fenced_update('{long}', 1, '{{}}')"),
+                "22001",
+            ),
         ];
         for (sql, want) in cases {
             assert_eq!(sqlstate_of(&sql), want, "{sql}");
@@ -286,15 +419,24 @@ mod tests {
             "42501"
         );
         assert_eq!(sqlstate_of("DELETE FROM lockext.locks"), "42501");
-        assert!(token_of("job@tables_are_not_writa", "app", "1 minute").is_some(), "the functions still work");
+        assert!(
+            token_of("job@tables_are_not_writa", "app", "1 minute").is_some(),
+            "the functions still work"
+        );
     }
 
     #[pg_test]
     fn functions_need_lockext_user() {
         Spi::run("CREATE ROLE lockext_test_outsider").unwrap();
         Spi::run("SET LOCAL ROLE lockext_test_outsider").unwrap();
-        assert_eq!(sqlstate_of("SELECT lockext.lock_acquire('job@functions_need_locke', 'x', '1 minute')"), "42501");
-        assert_eq!(sqlstate_of("SELECT lockext.fenced_update('r', 1, '{}')"), "42501");
+        assert_eq!(
+            sqlstate_of("SELECT lockext.lock_acquire('job@functions_need_locke', 'x', '1 minute')"),
+            "42501"
+        );
+        assert_eq!(
+            sqlstate_of("SELECT lockext.fenced_update('r', 1, '{}')"),
+            "42501"
+        );
     }
 
     #[pg_test]
@@ -305,12 +447,26 @@ mod tests {
         Spi::run("SET LOCAL ROLE lockext_test_a").unwrap();
         token_of("job@only_the_granting_ro", "w1", "1 minute").unwrap();
         Spi::run("SET LOCAL ROLE lockext_test_b").unwrap();
-        assert!(one::<bool>("SELECT lockext.lock_renew('job@only_the_granting_ro', 'w1', '1 minute') IS NULL").unwrap());
-        assert!(!one::<bool>("SELECT lockext.lock_release('job@only_the_granting_ro', 'w1')").unwrap());
-        assert_eq!(token_of("job@only_the_granting_ro", "w1", "1 minute"), None, "same owner string, other role");
+        assert!(one::<bool>(
+            "SELECT lockext.lock_renew('job@only_the_granting_ro', 'w1', '1 minute') IS NULL"
+        )
+        .unwrap());
+        assert!(
+            !one::<bool>("SELECT lockext.lock_release('job@only_the_granting_ro', 'w1')").unwrap()
+        );
+        assert_eq!(
+            token_of("job@only_the_granting_ro", "w1", "1 minute"),
+            None,
+            "same owner string, other role"
+        );
         Spi::run("SET LOCAL ROLE lockext_test_ops").unwrap();
-        assert!(one::<bool>("SELECT lockext.lock_renew('job@only_the_granting_ro', 'w1', '1 minute') IS NOT NULL").unwrap());
-        assert!(one::<bool>("SELECT lockext.lock_release('job@only_the_granting_ro', 'w1')").unwrap());
+        assert!(one::<bool>(
+            "SELECT lockext.lock_renew('job@only_the_granting_ro', 'w1', '1 minute') IS NOT NULL"
+        )
+        .unwrap());
+        assert!(
+            one::<bool>("SELECT lockext.lock_release('job@only_the_granting_ro', 'w1')").unwrap()
+        );
     }
 
     #[pg_test]
@@ -320,9 +476,15 @@ mod tests {
         assert_eq!(t >> crate::token::COUNTER_BITS, epoch);
         let (era, raise): (Option<i32>, Option<i32>) =
             Spi::get_two(&format!("SELECT era, raise FROM lockext.token_parts({t})")).unwrap();
-        assert_eq!(i64::from(era.unwrap()) << crate::token::RAISE_BITS | i64::from(raise.unwrap()), epoch);
+        assert_eq!(
+            i64::from(era.unwrap()) << crate::token::RAISE_BITS | i64::from(raise.unwrap()),
+            epoch
+        );
         let timeline: i32 = one("SELECT timeline FROM lockext.token_epoch").unwrap();
-        assert!(era.unwrap() >= timeline, "an era is at least the WAL timeline");
+        assert!(
+            era.unwrap() >= timeline,
+            "an era is at least the WAL timeline"
+        );
     }
 
     #[pg_test]
@@ -333,11 +495,20 @@ mod tests {
         assert_eq!(next_epoch(None, 1).unwrap(), era(1));
         assert_eq!(next_epoch(None, 3).unwrap(), era(3));
         // A restart: the next raise in the same era.
-        assert_eq!(next_epoch(Some((era(2) + 5, false, true)), 2).unwrap(), era(2) + 6);
+        assert_eq!(
+            next_epoch(Some((era(2) + 5, false, true)), 2).unwrap(),
+            era(2) + 6
+        );
         // A failover (new timeline) or a restore: a new era, above the recorded one...
-        assert_eq!(next_epoch(Some((era(2) + 5, false, false)), 3).unwrap(), era(3));
+        assert_eq!(
+            next_epoch(Some((era(2) + 5, false, false)), 3).unwrap(),
+            era(3)
+        );
         // ...even when the recorded era is ahead of the timeline (restored elsewhere).
-        assert_eq!(next_epoch(Some((era(7) + 1, false, false)), 1).unwrap(), era(8));
+        assert_eq!(
+            next_epoch(Some((era(7) + 1, false, false)), 1).unwrap(),
+            era(8)
+        );
         // The end of the epoch space is an error, never a wrap.
         assert!(next_epoch(Some((crate::token::EPOCH_LIMIT - 1, false, true)), 1).is_err());
         assert!(next_epoch(Some((era(crate::token::ERA_LIMIT - 1), false, false)), 1).is_err());

@@ -143,7 +143,11 @@ fn boot_id() -> i64 {
 fn cached(identity: &Identity) -> Option<i64> {
     if settings::preloaded() {
         let board = BOARD.share();
-        board.slots.iter().find(|c| c.identity == *identity).map(|c| c.epoch)
+        board
+            .slots
+            .iter()
+            .find(|c| c.identity == *identity)
+            .map(|c| c.epoch)
     } else {
         LOCAL.with(|l| l.get().filter(|c| c.identity == *identity).map(|c| c.epoch))
     }
@@ -175,7 +179,8 @@ static READ_EPOCH: Statement = Statement {
 };
 
 static RECORD_EPOCH: Statement = Statement {
-    sql: "INSERT INTO lockext.token_epoch AS t \
+    sql:
+        "INSERT INTO lockext.token_epoch AS t \
                  (singleton, epoch, system_identifier, timeline, database, boot, raised_at) \
           VALUES (true, $5, $1, $2, $3, $4, clock_timestamp()) \
           ON CONFLICT (singleton) DO UPDATE \
@@ -202,14 +207,26 @@ struct InForce {
 fn epoch_in_force(client: &mut SpiClient<'_>) -> Result<InForce, LockError> {
     let identity = Identity::now();
     if let Some(epoch) = cached(&identity) {
-        return Ok(InForce { epoch, confirmed: true, identity });
+        return Ok(InForce {
+            epoch,
+            confirmed: true,
+            identity,
+        });
     }
     match read_epoch(client, &identity)? {
         Some((epoch, true, _)) => {
             remember(identity, epoch); // seen committed, so durable: trust it from now on
-            Ok(InForce { epoch, confirmed: true, identity })
+            Ok(InForce {
+                epoch,
+                confirmed: true,
+                identity,
+            })
         }
-        recorded => Ok(InForce { epoch: next_epoch(recorded, identity.timeline)?, confirmed: false, identity }),
+        recorded => Ok(InForce {
+            epoch: next_epoch(recorded, identity.timeline)?,
+            confirmed: false,
+            identity,
+        }),
     }
 }
 
@@ -240,7 +257,11 @@ pub fn after_mint() {
 
 /// The epoch after `recorded` (epoch, same identity, same identity but for the boot).
 pub fn next_epoch(recorded: Option<(i64, bool, bool)>, timeline: i32) -> Result<i64, LockError> {
-    let era_of_timeline = if i64::from(timeline) < ERA_LIMIT { i64::from(timeline).max(1) } else { 1 };
+    let era_of_timeline = if i64::from(timeline) < ERA_LIMIT {
+        i64::from(timeline).max(1)
+    } else {
+        1
+    };
     let epoch = match recorded {
         // Same history, new boot: the next raise.
         Some((epoch, _, true)) => epoch + 1,
@@ -254,7 +275,10 @@ pub fn next_epoch(recorded: Option<(i64, bool, bool)>, timeline: i32) -> Result<
     Ok(epoch)
 }
 
-fn read_epoch(client: &mut SpiClient<'_>, identity: &Identity) -> Result<Option<(i64, bool, bool)>, LockError> {
+fn read_epoch(
+    client: &mut SpiClient<'_>,
+    identity: &Identity,
+) -> Result<Option<(i64, bool, bool)>, LockError> {
     let rows = READ_EPOCH.run(client, &identity.args())?;
     if rows.is_empty() {
         return Ok(None);

@@ -38,7 +38,16 @@ pub struct Slot {
 
 impl Default for Slot {
     fn default() -> Self {
-        Slot { ticket: 0, database: 0, key: 0, procno: 0, pid: 0, since: 0, id_len: 0, id: [0; MAX_ID_BYTES] }
+        Slot {
+            ticket: 0,
+            database: 0,
+            key: 0,
+            procno: 0,
+            pid: 0,
+            since: 0,
+            id_len: 0,
+            id: [0; MAX_ID_BYTES],
+        }
     }
 }
 
@@ -50,7 +59,10 @@ pub struct Queue {
 
 impl Default for Queue {
     fn default() -> Self {
-        Queue { next_ticket: 1, slots: [Slot::default(); SLOTS] }
+        Queue {
+            next_ticket: 1,
+            slots: [Slot::default(); SLOTS],
+        }
     }
 }
 
@@ -68,7 +80,10 @@ pub fn init_shared_memory() {
 
 /// The queue key of a lock id in this database.
 fn key_of(lock_id: &str) -> (u32, u64) {
-    (unsafe { pg_sys::MyDatabaseId }.to_u32(), crate::lease::fnv1a(lock_id.as_bytes()))
+    (
+        unsafe { pg_sys::MyDatabaseId }.to_u32(),
+        crate::lease::fnv1a(lock_id.as_bytes()),
+    )
 }
 
 /// True when someone queues for `lock_id` ahead of `ticket` (0: ahead of anyone new).
@@ -78,10 +93,12 @@ pub fn others_ahead(lock_id: &str, ticket: u64) -> bool {
     }
     let (database, key) = key_of(lock_id);
     let queue = QUEUE.share();
-    queue
-        .slots
-        .iter()
-        .any(|s| s.ticket != 0 && s.database == database && s.key == key && (ticket == 0 || s.ticket < ticket))
+    queue.slots.iter().any(|s| {
+        s.ticket != 0
+            && s.database == database
+            && s.key == key
+            && (ticket == 0 || s.ticket < ticket)
+    })
 }
 
 /// A place in the queue of one lock; leaving it (drop, including on error) wakes the next.
@@ -95,13 +112,19 @@ impl Ticket {
     /// Queues for `lock_id`; without shared memory, or with the queue full, the ticket
     /// holds no place and its holder polls.
     pub fn take(lock_id: &str) -> Ticket {
-        let mut ticket = Ticket { number: 0, slot: None, lock_id: lock_id.to_string() };
+        let mut ticket = Ticket {
+            number: 0,
+            slot: None,
+            lock_id: lock_id.to_string(),
+        };
         if !settings::preloaded() {
             return ticket;
         }
         let (database, key) = key_of(lock_id);
         let mut queue = QUEUE.exclusive();
-        let Some(i) = queue.slots.iter().position(|s| s.ticket == 0) else { return ticket };
+        let Some(i) = queue.slots.iter().position(|s| s.ticket == 0) else {
+            return ticket;
+        };
         let number = queue.next_ticket;
         queue.next_ticket += 1;
         let mut id = [0u8; MAX_ID_BYTES];
@@ -181,7 +204,9 @@ pub fn wake_head_at_commit(lock_id: &str) {
         return;
     }
     let lock_id = lock_id.to_string();
-    pgrx::register_xact_callback(pgrx::PgXactCallbackEvent::Commit, move || wake_head(&lock_id));
+    pgrx::register_xact_callback(pgrx::PgXactCallbackEvent::Commit, move || {
+        wake_head(&lock_id)
+    });
 }
 
 /// Sleeps on this backend's latch for at most `nap`, and at most until `deadline`;
@@ -228,12 +253,21 @@ fn waiters() -> TableIterator<
     if !settings::preloaded() {
         return TableIterator::new(Vec::new());
     }
-    let mut slots: Vec<Slot> = QUEUE.share().slots.iter().copied().filter(|s| s.ticket != 0).collect();
+    let mut slots: Vec<Slot> = QUEUE
+        .share()
+        .slots
+        .iter()
+        .copied()
+        .filter(|s| s.ticket != 0)
+        .collect();
     slots.sort_by_key(|s| s.ticket);
     let rows: Vec<_> = slots
         .iter()
         .map(|s| {
-            let position = slots.iter().filter(|o| o.database == s.database && o.key == s.key && o.ticket <= s.ticket).count();
+            let position = slots
+                .iter()
+                .filter(|o| o.database == s.database && o.key == s.key && o.ticket <= s.ticket)
+                .count();
             (
                 String::from_utf8_lossy(&s.id[..s.id_len as usize]).into_owned(),
                 pg_sys::Oid::from(s.database),

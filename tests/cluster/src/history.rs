@@ -53,7 +53,10 @@ pub const SETUP_SQL: &str = "
 
 /// Microseconds since the Unix epoch on this machine's clock (the clients' clock).
 pub fn now_us() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).expect("clock after 1970").as_micros() as i64
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock after 1970")
+        .as_micros() as i64
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -72,7 +75,10 @@ pub enum Outcome {
     /// acquire or renew: NULL; release: false; write: `fenced_update` returned false.
     Refused,
     /// An error: the effect is unknown. `code` is the SQLSTATE if the server sent one.
-    Failed { code: Option<String>, message: String },
+    Failed {
+        code: Option<String>,
+        message: String,
+    },
 }
 
 /// One call by one client, as the client saw it.
@@ -126,7 +132,11 @@ impl Op {
             Outcome::Ok => "ok".to_string(),
             Outcome::Refused => "refused".to_string(),
             Outcome::Failed { code, message } => {
-                format!("failed:{}:{}", code.as_deref().unwrap_or("-"), clean(message))
+                format!(
+                    "failed:{}:{}",
+                    code.as_deref().unwrap_or("-"),
+                    clean(message)
+                )
             }
         };
         let kind = match self.kind {
@@ -160,7 +170,10 @@ impl Op {
         if f.len() != 14 {
             return Err(format!("{} fields in {line:?}", f.len()));
         }
-        let int = |s: &str| s.parse::<i64>().map_err(|e| format!("{s:?}: {e} in {line:?}"));
+        let int = |s: &str| {
+            s.parse::<i64>()
+                .map_err(|e| format!("{s:?}: {e} in {line:?}"))
+        };
         let opt = |s: &str| if s == "-" { Ok(None) } else { int(s).map(Some) };
         let kind = match f[2] {
             "acquire" => Kind::Acquire,
@@ -231,19 +244,29 @@ pub struct History {
 impl History {
     /// Adds the ops recorded in a client's file.
     pub fn read_ops(&mut self, path: &std::path::Path) {
-        let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+        let text = std::fs::read_to_string(path)
+            .unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
         for line in text.lines().filter(|l| !l.is_empty()) {
-            self.ops.push(Op::from_line(line).unwrap_or_else(|e| panic!("{}: {e}", path.display())));
+            self.ops
+                .push(Op::from_line(line).unwrap_or_else(|e| panic!("{}: {e}", path.display())));
         }
     }
 
     /// Reads the server's half: the accepted writes and the final resources.
     pub fn read_server(&mut self, c: &mut Client) {
         self.accepted = c
-            .query("SELECT seq, resource_id, fence_token, op FROM public.fence_history ORDER BY seq", &[])
+            .query(
+                "SELECT seq, resource_id, fence_token, op FROM public.fence_history ORDER BY seq",
+                &[],
+            )
             .expect("read fence_history")
             .iter()
-            .map(|r| Accepted { seq: r.get(0), resource: r.get(1), token: r.get(2), op: r.get(3) })
+            .map(|r| Accepted {
+                seq: r.get(0),
+                resource: r.get(1),
+                token: r.get(2),
+                op: r.get(3),
+            })
             .collect();
         self.resources = c
             // A resource written through lockext.fence keeps its last op in the caller's
@@ -337,11 +360,17 @@ pub struct Report {
 impl Report {
     /// The violations, leaving out overlaps when `allow_overlaps` (clock steps).
     pub fn failures(&self, allow_overlaps: bool) -> Vec<&Violation> {
-        self.violations.iter().filter(|v| !(allow_overlaps && v.invariant == Invariant::NoOverlap)).collect()
+        self.violations
+            .iter()
+            .filter(|v| !(allow_overlaps && v.invariant == Invariant::NoOverlap))
+            .collect()
     }
 
     pub fn count(&self, invariant: Invariant) -> usize {
-        self.violations.iter().filter(|v| v.invariant == invariant).count()
+        self.violations
+            .iter()
+            .filter(|v| v.invariant == invariant)
+            .count()
     }
 
     pub fn summary(&self, scenario: &str) -> String {
@@ -419,10 +448,18 @@ struct GrantInfo {
 /// session may be lost in a crash, so the lease ends at its earlier expiry; only
 /// expiries set by durable sessions and by the grant itself count for invariant 4.
 pub fn check(h: &History, opts: &CheckOptions) -> Report {
-    let mut r = Report { ops: h.ops.len(), ..Report::default() };
+    let mut r = Report {
+        ops: h.ops.len(),
+        ..Report::default()
+    };
     let mut v: Vec<Violation> = Vec::new();
     let mut violate = |invariant, detail: String| v.push(Violation { invariant, detail });
-    r.clients = h.ops.iter().map(|o| &o.client).collect::<HashSet<_>>().len();
+    r.clients = h
+        .ops
+        .iter()
+        .map(|o| &o.client)
+        .collect::<HashSet<_>>()
+        .len();
 
     // Calls in the order the clients finished them; ties are harmless.
     let mut ops: Vec<&Op> = h.ops.iter().collect();
@@ -446,7 +483,12 @@ pub fn check(h: &History, opts: &CheckOptions) -> Report {
         else {
             panic!("malformed acquire record {o:?}");
         };
-        let key = GrantKey { lock: o.target.clone(), owner: o.owner.clone(), token, acquired_at };
+        let key = GrantKey {
+            lock: o.target.clone(),
+            owner: o.owner.clone(),
+            token,
+            acquired_at,
+        };
         match grants.get_mut(&key) {
             Some(g) => {
                 r.same_grant_reacquires += 1;
@@ -477,19 +519,28 @@ pub fn check(h: &History, opts: &CheckOptions) -> Report {
     }
     for (token, keys) in &by_token {
         if keys.len() > 1 {
-            violate(Invariant::UniqueTokens, format!("token {token} returned by {} grants: {keys:?}", keys.len()));
+            violate(
+                Invariant::UniqueTokens,
+                format!("token {token} returned by {} grants: {keys:?}", keys.len()),
+            );
         }
     }
 
     // ---- renewals and releases: what ends each grant ----
     let find = |grants: &mut BTreeMap<GrantKey, GrantInfo>, o: &Op| -> Option<GrantKey> {
         let token = o.token?;
-        let found: Vec<GrantKey> =
-            grants.keys().filter(|k| k.lock == o.target && k.owner == o.owner && k.token == token).cloned().collect();
+        let found: Vec<GrantKey> = grants
+            .keys()
+            .filter(|k| k.lock == o.target && k.owner == o.owner && k.token == token)
+            .cloned()
+            .collect();
         // Several grants with one token are already reported; take the latest.
         found.into_iter().max_by_key(|k| k.acquired_at)
     };
-    for o in ops.iter().filter(|o| o.kind == Kind::Renew || o.kind == Kind::Release) {
+    for o in ops
+        .iter()
+        .filter(|o| o.kind == Kind::Renew || o.kind == Kind::Release)
+    {
         match (o.kind, &o.outcome) {
             (Kind::Renew, Outcome::Ok) => r.renews_ok += 1,
             (Kind::Renew, Outcome::Refused) => r.renews_refused += 1,
@@ -502,11 +553,17 @@ pub fn check(h: &History, opts: &CheckOptions) -> Report {
         }
         // A renewal or release of a grant never seen (its acquire's reply was lost) can
         // only hide an overlap, never invent one.
-        let Some(key) = find(&mut grants, o) else { continue };
+        let Some(key) = find(&mut grants, o) else {
+            continue;
+        };
         let g = grants.get_mut(&key).expect("found");
         match o.kind {
-            Kind::Renew if o.durable => g.expiries.push((o.end_us, o.expires_at.expect("renew expiry"))),
-            Kind::Release => g.released_at.push(o.srv_before.expect("release server clock")),
+            Kind::Renew if o.durable => g
+                .expiries
+                .push((o.end_us, o.expires_at.expect("renew expiry"))),
+            Kind::Release => g
+                .released_at
+                .push(o.srv_before.expect("release server clock")),
             _ => {}
         }
     }
@@ -529,7 +586,12 @@ pub fn check(h: &History, opts: &CheckOptions) -> Report {
         let ends: Vec<i64> = list
             .iter()
             .map(|(_, g)| {
-                let expiry = g.expiries.iter().max_by_key(|(end, _)| *end).map(|e| e.1).expect("grant expiry");
+                let expiry = g
+                    .expiries
+                    .iter()
+                    .max_by_key(|(end, _)| *end)
+                    .map(|e| e.1)
+                    .expect("grant expiry");
                 g.released_at.iter().copied().fold(expiry, i64::min)
             })
             .collect();
@@ -563,7 +625,11 @@ pub fn check(h: &History, opts: &CheckOptions) -> Report {
     }
 
     // ---- writes (invariants 2 and 3) ----
-    let writes: HashMap<String, &Op> = ops.iter().filter(|o| o.kind == Kind::Write).map(|o| (o.id(), *o)).collect();
+    let writes: HashMap<String, &Op> = ops
+        .iter()
+        .filter(|o| o.kind == Kind::Write)
+        .map(|o| (o.id(), *o))
+        .collect();
     let in_db: HashMap<&str, &Accepted> = h.accepted.iter().map(|a| (a.op.as_str(), a)).collect();
     r.writes_in_db = h.accepted.len();
     // Acknowledged synchronous commits (client start, client end), for the async rule.
@@ -582,18 +648,38 @@ pub fn check(h: &History, opts: &CheckOptions) -> Report {
         if !o.ok() || in_db.contains_key(o.id().as_str()) {
             continue;
         }
-        let lost = format!("write {} (token {:?} to {}, acknowledged at {})", o.id(), o.token, o.target, o.end_us);
+        let lost = format!(
+            "write {} (token {:?} to {}, acknowledged at {})",
+            o.id(),
+            o.token,
+            o.target,
+            o.end_us
+        );
         if o.durable {
-            violate(Invariant::NoLostWrites, format!("{lost} is not in the database"));
+            violate(
+                Invariant::NoLostWrites,
+                format!("{lost} is not in the database"),
+            );
             continue;
         }
         // The crash that could have lost it: the first one after its acknowledgment.
-        let Some(crash) = opts.restarts.iter().map(|rs| rs.kill_us).filter(|&k| k > o.end_us).min() else {
-            violate(Invariant::NoLostWrites, format!("async {lost} is lost with no crash after it"));
+        let Some(crash) = opts
+            .restarts
+            .iter()
+            .map(|rs| rs.kill_us)
+            .filter(|&k| k > o.end_us)
+            .min()
+        else {
+            violate(
+                Invariant::NoLostWrites,
+                format!("async {lost} is lost with no crash after it"),
+            );
             continue;
         };
         // A synchronous commit that started after it and was acknowledged before the crash.
-        let flushed = sync_commits.iter().find(|&&(start, end)| start > o.end_us && end < crash);
+        let flushed = sync_commits
+            .iter()
+            .find(|&&(start, end)| start > o.end_us && end < crash);
         match flushed {
             Some((start, end)) => violate(
                 Invariant::NoLostWrites,
@@ -607,10 +693,16 @@ pub fn check(h: &History, opts: &CheckOptions) -> Report {
     }
     for a in &h.accepted {
         match writes.get(a.op.as_str()) {
-            None => violate(Invariant::NoLostWrites, format!("accepted write {} is no client's write", a.op)),
+            None => violate(
+                Invariant::NoLostWrites,
+                format!("accepted write {} is no client's write", a.op),
+            ),
             Some(o) if o.outcome == Outcome::Refused => violate(
                 Invariant::NoLostWrites,
-                format!("write {} was refused to its client but is in the database", a.op),
+                format!(
+                    "write {} was refused to its client but is in the database",
+                    a.op
+                ),
             ),
             Some(o) if o.token != Some(a.token) || o.target != a.resource => violate(
                 Invariant::NoLostWrites,
@@ -640,7 +732,11 @@ pub fn check(h: &History, opts: &CheckOptions) -> Report {
             }
         }
     }
-    let finals: BTreeMap<&str, &FinalResource> = h.resources.iter().map(|f| (f.resource.as_str(), f)).collect();
+    let finals: BTreeMap<&str, &FinalResource> = h
+        .resources
+        .iter()
+        .map(|f| (f.resource.as_str(), f))
+        .collect();
     for (res, list) in &per_resource {
         let last = list.last().expect("non-empty");
         match finals.get(res) {
@@ -661,14 +757,21 @@ pub fn check(h: &History, opts: &CheckOptions) -> Report {
         if !per_resource.contains_key(f.resource.as_str()) {
             violate(
                 Invariant::NoLostWrites,
-                format!("resource {} holds {:?}, which no accepted write recorded", f.resource, f.op),
+                format!(
+                    "resource {} holds {:?}, which no accepted write recorded",
+                    f.resource, f.op
+                ),
             );
         }
     }
 
     // ---- tokens after a crash ----
     for rs in &opts.restarts {
-        let before = grants.iter().filter(|(_, g)| g.first_end_us < rs.kill_us).map(|(k, _)| k.token).max();
+        let before = grants
+            .iter()
+            .filter(|(_, g)| g.first_end_us < rs.kill_us)
+            .map(|(k, _)| k.token)
+            .max();
         let Some(before) = before else { continue };
         // A (lock, owner) tried before the crash may get its pre-crash grant back after
         // it (the reply was lost, the client retries with the same owner): not new.
@@ -700,7 +803,12 @@ pub fn check(h: &History, opts: &CheckOptions) -> Report {
             if !fault_explains(code.as_deref()) {
                 violate(
                     Invariant::UnexpectedError,
-                    format!("{:?} {} by {}: {code:?} {message}", o.kind, o.target, o.id()),
+                    format!(
+                        "{:?} {} by {}: {code:?} {message}",
+                        o.kind,
+                        o.target,
+                        o.id()
+                    ),
                 );
             }
         }

@@ -41,8 +41,17 @@ impl Cluster {
         let dir = PathBuf::from(format!("/tmp/lockext-tests/{name}-{port}"));
         let _ = fs::remove_dir_all(&dir);
         fs::create_dir_all(&dir).expect("create cluster dir");
-        run_checked(Command::new("chown").arg("-R").arg("postgres:postgres").arg("/tmp/lockext-tests"));
-        let cluster = Cluster { name: name.to_string(), port, dir };
+        run_checked(
+            Command::new("chown")
+                .arg("-R")
+                .arg("postgres:postgres")
+                .arg("/tmp/lockext-tests"),
+        );
+        let cluster = Cluster {
+            name: name.to_string(),
+            port,
+            dir,
+        };
         if !env.is_empty() {
             let text: String = env.iter().map(|(k, v)| format!("{k}='{v}'\n")).collect();
             fs::write(cluster.env_path(), text).expect("write server.env");
@@ -62,7 +71,10 @@ impl Cluster {
         text.push_str(&conf);
         fs::write(&conf_path, text).expect("write postgresql.conf");
         cluster.pg_ctl("start -w -t 60");
-        cluster.connect().batch_execute("CREATE EXTENSION lockext").expect("create extension");
+        cluster
+            .connect()
+            .batch_execute("CREATE EXTENSION lockext")
+            .expect("create extension");
         cluster
     }
 
@@ -79,7 +91,10 @@ impl Cluster {
     }
 
     pub fn url(&self, db: &str) -> String {
-        format!("host=127.0.0.1 port={} user=postgres dbname={db} connect_timeout=10", self.port)
+        format!(
+            "host=127.0.0.1 port={} user=postgres dbname={db} connect_timeout=10",
+            self.port
+        )
     }
 
     pub fn connect(&self) -> Client {
@@ -114,7 +129,11 @@ impl Cluster {
 
     pub fn pg_ctl(&self, args: &str) {
         let env = self.env_path();
-        let env = if env.exists() { format!("set -a; . {}; set +a; ", env.display()) } else { String::new() };
+        let env = if env.exists() {
+            format!("set -a; . {}; set +a; ", env.display())
+        } else {
+            String::new()
+        };
         self.as_postgres(&format!(
             "{env}{PG_BIN}/pg_ctl -D {} -l {} {args}",
             self.data().display(),
@@ -129,7 +148,10 @@ impl Cluster {
     /// The postmaster's pid, from postmaster.pid.
     pub fn postmaster_pid(&self) -> i32 {
         let text = fs::read_to_string(self.data().join("postmaster.pid")).expect("postmaster.pid");
-        text.lines().next().and_then(|l| l.trim().parse().ok()).expect("pid in postmaster.pid")
+        text.lines()
+            .next()
+            .and_then(|l| l.trim().parse().ok())
+            .expect("pid in postmaster.pid")
     }
 }
 
@@ -137,14 +159,21 @@ impl Drop for Cluster {
     fn drop(&mut self) {
         let _ = Command::new("runuser")
             .args(["-u", "postgres", "--", "sh", "-c"])
-            .arg(format!("{PG_BIN}/pg_ctl -D {} -m immediate -w stop", self.data().display()))
+            .arg(format!(
+                "{PG_BIN}/pg_ctl -D {} -m immediate -w stop",
+                self.data().display()
+            ))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .status();
         if !std::thread::panicking() {
             let _ = fs::remove_dir_all(&self.dir);
         } else {
-            eprintln!("cluster {} kept for inspection in {}", self.name, self.dir.display());
+            eprintln!(
+                "cluster {} kept for inspection in {}",
+                self.name,
+                self.dir.display()
+            );
         }
     }
 }
@@ -190,7 +219,9 @@ pub fn set_fake_offset(offset_file: &std::path::Path, offset: &str) {
 pub fn children(pid: i32) -> Vec<i32> {
     let mut out = Vec::new();
     for entry in fs::read_dir("/proc").expect("read /proc").flatten() {
-        let Ok(child) = entry.file_name().to_string_lossy().parse::<i32>() else { continue };
+        let Ok(child) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
         if let Some((_, ppid)) = proc_stat(child) {
             if ppid == pid {
                 out.push(child);
@@ -213,7 +244,11 @@ pub fn proc_stat(pid: i32) -> Option<(char, i32)> {
 
 /// Sends a signal to a process (`kill -SIG pid`).
 pub fn signal(pid: i32, sig: &str) {
-    run_checked(Command::new("kill").arg(format!("-{sig}")).arg(pid.to_string()));
+    run_checked(
+        Command::new("kill")
+            .arg(format!("-{sig}"))
+            .arg(pid.to_string()),
+    );
 }
 
 /// Polls `check` until it returns Some, or panics with `what` after `within`.
@@ -223,7 +258,10 @@ pub fn eventually<T>(within: Duration, what: &str, mut check: impl FnMut() -> Op
         if let Some(v) = check() {
             return v;
         }
-        assert!(Instant::now() < deadline, "timed out after {within:?} waiting for: {what}");
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {within:?} waiting for: {what}"
+        );
         sleep(Duration::from_millis(50));
     }
 }
@@ -241,5 +279,8 @@ pub fn reaper_pid(client: &mut Client, db: &str) -> Option<i32> {
 }
 
 pub fn count_leases(client: &mut Client) -> i64 {
-    client.query_one("SELECT count(*) FROM lockext.locks", &[]).expect("count leases").get(0)
+    client
+        .query_one("SELECT count(*) FROM lockext.locks", &[])
+        .expect("count leases")
+        .get(0)
 }

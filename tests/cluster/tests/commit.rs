@@ -13,10 +13,16 @@ use lockext_cluster_tests::*;
 fn flushed_at_commit(c: &mut Client, other: &mut Client, sql: &str) -> bool {
     c.batch_execute("BEGIN").unwrap();
     c.batch_execute(sql).unwrap();
-    let written: String = c.query_one("SELECT pg_current_wal_insert_lsn()::text", &[]).unwrap().get(0);
+    let written: String = c
+        .query_one("SELECT pg_current_wal_insert_lsn()::text", &[])
+        .unwrap()
+        .get(0);
     c.batch_execute("COMMIT").unwrap();
     other
-        .query_one("SELECT pg_current_wal_flush_lsn() >= $1::text::pg_lsn", &[&written])
+        .query_one(
+            "SELECT pg_current_wal_flush_lsn() >= $1::text::pg_lsn",
+            &[&written],
+        )
         .unwrap()
         .get(0)
 }
@@ -24,20 +30,39 @@ fn flushed_at_commit(c: &mut Client, other: &mut Client, sql: &str) -> bool {
 #[test]
 fn grants_flush_renewals_and_releases_alone_do_not() {
     // The WAL writer flushes asynchronous commits only every 10 s here.
-    let cluster = Cluster::start("commit", "wal_writer_delay = '10s'\nwal_writer_flush_after = 0");
+    let cluster = Cluster::start(
+        "commit",
+        "wal_writer_delay = '10s'\nwal_writer_flush_after = 0",
+    );
     let mut c = cluster.connect();
     let mut other = cluster.connect();
-    c.batch_execute("CREATE TABLE t (v int); SELECT lockext.lock_acquire('warm-up', 'x', '1 minute')").unwrap();
+    c.batch_execute(
+        "CREATE TABLE t (v int); SELECT lockext.lock_acquire('warm-up', 'x', '1 minute')",
+    )
+    .unwrap();
 
     // A grant flushes, even asked not to.
     c.batch_execute("SET synchronous_commit = off").unwrap();
-    assert!(flushed_at_commit(&mut c, &mut other, "SELECT lockext.lock_acquire('a', 'w', '1 minute')"));
+    assert!(flushed_at_commit(
+        &mut c,
+        &mut other,
+        "SELECT lockext.lock_acquire('a', 'w', '1 minute')"
+    ));
     c.batch_execute("RESET synchronous_commit").unwrap();
     // Renewals and releases alone do not wait for a flush, even in a synchronous session.
-    assert!(!flushed_at_commit(&mut c, &mut other, "SELECT lockext.lock_renew('a', 'w', '1 minute')"));
-    assert!(!flushed_at_commit(&mut c, &mut other, "SELECT lockext.lock_release('a', 'w')"));
+    assert!(!flushed_at_commit(
+        &mut c,
+        &mut other,
+        "SELECT lockext.lock_renew('a', 'w', '1 minute')"
+    ));
+    assert!(!flushed_at_commit(
+        &mut c,
+        &mut other,
+        "SELECT lockext.lock_release('a', 'w')"
+    ));
     // With any other write in the transaction, before or after, the session's setting holds.
-    c.batch_execute("SELECT lockext.lock_acquire('b', 'w', '1 minute')").unwrap();
+    c.batch_execute("SELECT lockext.lock_acquire('b', 'w', '1 minute')")
+        .unwrap();
     assert!(flushed_at_commit(
         &mut c,
         &mut other,
@@ -49,7 +74,8 @@ fn grants_flush_renewals_and_releases_alone_do_not() {
         "INSERT INTO t VALUES (2); SELECT lockext.lock_release('b', 'w')"
     ));
     // A release and a new grant in one transaction: the grant wins, the commit flushes.
-    c.batch_execute("SELECT lockext.lock_acquire('c', 'w', '1 minute')").unwrap();
+    c.batch_execute("SELECT lockext.lock_acquire('c', 'w', '1 minute')")
+        .unwrap();
     assert!(flushed_at_commit(
         &mut c,
         &mut other,

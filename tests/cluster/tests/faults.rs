@@ -43,22 +43,38 @@ struct Run {
 }
 
 fn seed() -> u64 {
-    std::env::var("LOCKEXT_FAULTS_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| now_us() as u64)
+    std::env::var("LOCKEXT_FAULTS_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| now_us() as u64)
 }
 
 /// `kill -SIG pid`, ignoring a process that is already gone.
 fn try_signal(pid: u32, sig: &str) {
-    let _ = Command::new("kill").arg(format!("-{sig}")).arg(pid.to_string()).stderr(Stdio::null()).status();
+    let _ = Command::new("kill")
+        .arg(format!("-{sig}"))
+        .arg(pid.to_string())
+        .stderr(Stdio::null())
+        .status();
 }
 
 impl Run {
     fn new(name: &str) -> Run {
-        let dir = PathBuf::from(format!("/tmp/lockext-tests/history-{name}-{}", std::process::id()));
+        let dir = PathBuf::from(format!(
+            "/tmp/lockext-tests/history-{name}-{}",
+            std::process::id()
+        ));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("history dir");
         let seed = seed();
         println!("{name}: seed {seed}, histories in {}", dir.display());
-        Run { name: name.to_string(), dir, seed, procs: Vec::new(), started: Instant::now() }
+        Run {
+            name: name.to_string(),
+            dir,
+            seed,
+            procs: Vec::new(),
+            started: Instant::now(),
+        }
     }
 
     /// Starts a client; returns its index. `args` are the client's `key=value` arguments
@@ -68,17 +84,31 @@ impl Run {
         cmd.arg(format!("url={}", cluster.url("postgres")))
             .arg(format!("id={id}"))
             .arg(format!("mode={mode}"))
-            .arg(format!("seed={}", self.seed.wrapping_add(self.procs.len() as u64 * 7919)))
-            .arg(format!("out={}", self.dir.join(format!("{id}.ops")).display()))
+            .arg(format!(
+                "seed={}",
+                self.seed.wrapping_add(self.procs.len() as u64 * 7919)
+            ))
+            .arg(format!(
+                "out={}",
+                self.dir.join(format!("{id}.ops")).display()
+            ))
             .arg(format!("stop={}", self.stop_file().display()))
             .arg("run_ms=60000")
             .args(args.iter().map(|(k, v)| format!("{k}={v}")))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped());
-        let mut child = cmd.spawn().unwrap_or_else(|e| panic!("spawn {CLIENT}: {e}"));
+        let mut child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn {CLIENT}: {e}"));
         let stdin = child.stdin.take();
         let stdout = child.stdout.take().map(BufReader::new);
-        self.procs.push(Proc { id: id.to_string(), child, stdin, stdout, done: false });
+        self.procs.push(Proc {
+            id: id.to_string(),
+            child,
+            stdin,
+            stdout,
+            done: false,
+        });
         self.procs.len() - 1
     }
 
@@ -100,14 +130,24 @@ impl Run {
     fn read_line(&mut self, i: usize) -> String {
         let mut line = String::new();
         let p = &mut self.procs[i];
-        p.stdout.as_mut().expect("stdout").read_line(&mut line).expect("read client stdout");
-        assert!(!line.is_empty(), "client {} ended without saying more", p.id);
+        p.stdout
+            .as_mut()
+            .expect("stdout")
+            .read_line(&mut line)
+            .expect("read client stdout");
+        assert!(
+            !line.is_empty(),
+            "client {} ended without saying more",
+            p.id
+        );
         line.trim_end().to_string()
     }
 
     fn tell(&mut self, i: usize, line: &str) {
         let stdin = self.procs[i].stdin.as_mut().expect("stdin");
-        writeln!(stdin, "{line}").and_then(|_| stdin.flush()).expect("write client stdin");
+        writeln!(stdin, "{line}")
+            .and_then(|_| stdin.flush())
+            .expect("write client stdin");
     }
 
     /// Waits for every client to exit (successfully), at most `within`.
@@ -123,7 +163,9 @@ impl Run {
                         p.done = true;
                         break;
                     }
-                    None if Instant::now() > deadline => panic!("client {} still running after {within:?}", p.id),
+                    None if Instant::now() > deadline => {
+                        panic!("client {} still running after {within:?}", p.id)
+                    }
                     None => sleep(Duration::from_millis(20)),
                 }
             }
@@ -157,7 +199,11 @@ impl Drop for Run {
         if !std::thread::panicking() {
             let _ = std::fs::remove_dir_all(&self.dir);
         } else {
-            eprintln!("{}: client histories kept in {}", self.name, self.dir.display());
+            eprintln!(
+                "{}: client histories kept in {}",
+                self.name,
+                self.dir.display()
+            );
         }
     }
 }
@@ -173,16 +219,35 @@ fn setup(cluster: &Cluster) -> Client {
 }
 
 /// Checks the run's history, prints the summary line (with `extra`), fails on violations.
-fn finish(run: &Run, c: &mut Client, opts: &CheckOptions, allow_overlaps: bool, extra: &str) -> Report {
+fn finish(
+    run: &Run,
+    c: &mut Client,
+    opts: &CheckOptions,
+    allow_overlaps: bool,
+    extra: &str,
+) -> Report {
     let history = run.history(c);
     let report = check(&history, opts);
-    println!("{} {extra} secs={:.1}", report.summary(&run.name), run.started.elapsed().as_secs_f64());
+    println!(
+        "{} {extra} secs={:.1}",
+        report.summary(&run.name),
+        run.started.elapsed().as_secs_f64()
+    );
     let failures = report.failures(allow_overlaps);
     if !failures.is_empty() {
         let shown: Vec<String> = failures.iter().take(30).map(|v| v.to_string()).collect();
-        panic!("{}: {} violations, first ones:\n{}", run.name, failures.len(), shown.join("\n"));
+        panic!(
+            "{}: {} violations, first ones:\n{}",
+            run.name,
+            failures.len(),
+            shown.join("\n")
+        );
     }
-    assert!(report.grants > 0 && report.writes_acked > 0, "{}: nothing was exercised", run.name);
+    assert!(
+        report.grants > 0 && report.writes_acked > 0,
+        "{}: nothing was exercised",
+        run.name
+    );
     report
 }
 
@@ -211,9 +276,16 @@ fn kill_server(cluster: &Cluster) {
     }
     // Dead: gone, or a zombie nobody has reaped yet.
     let dead = |p: i32| proc_stat(p).is_none_or(|(state, _)| state == 'Z');
-    eventually(Duration::from_secs(30), "every server process is dead", || {
-        std::iter::once(pm).chain(kids.iter().copied()).all(dead).then_some(())
-    });
+    eventually(
+        Duration::from_secs(30),
+        "every server process is dead",
+        || {
+            std::iter::once(pm)
+                .chain(kids.iter().copied())
+                .all(dead)
+                .then_some(())
+        },
+    );
     // A new postmaster refuses to start while the pid in postmaster.pid exists, zombies
     // included. Init reaps them at once, normally; where it does not, the lock file of a
     // dead server is removed, as an operator would.
@@ -222,12 +294,15 @@ fn kill_server(cluster: &Cluster) {
         proc_stat(pm).is_none()
     });
     if !reaped {
-        std::fs::remove_file(cluster.data().join("postmaster.pid")).expect("remove stale postmaster.pid");
+        std::fs::remove_file(cluster.data().join("postmaster.pid"))
+            .expect("remove stale postmaster.pid");
     }
 }
 
 fn server_clock_us(c: &mut Client) -> i64 {
-    c.query_one("SELECT public.us(clock_timestamp())", &[]).expect("server clock").get(0)
+    c.query_one("SELECT public.us(clock_timestamp())", &[])
+        .expect("server clock")
+        .get(0)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -247,7 +322,11 @@ fn contention_16_clients_4_locks_with_pauses_past_the_lease() {
             &cluster,
             &format!("c{i:02}"),
             "worker",
-            &[("locks", "lk0,lk1,lk2,lk3"), ("ttl_ms", "200"), ("stale_pct", "25")],
+            &[
+                ("locks", "lk0,lk1,lk2,lk3"),
+                ("ttl_ms", "200"),
+                ("stale_pct", "25"),
+            ],
         );
     }
     let mut rng = Rng(run.seed | 1);
@@ -271,11 +350,19 @@ fn contention_16_clients_4_locks_with_pauses_past_the_lease() {
         )
         .unwrap();
     let (via_update, via_fence): (i64, i64) = (row.get(0), row.get(1));
-    assert!(via_update > 0 && via_fence > 0, "fenced_update {via_update}, lockext.fence {via_fence}");
-    let extra = format!("sigstops={stops} accepted-via-fenced_update={via_update} accepted-via-fence={via_fence}");
+    assert!(
+        via_update > 0 && via_fence > 0,
+        "fenced_update {via_update}, lockext.fence {via_fence}"
+    );
+    let extra = format!(
+        "sigstops={stops} accepted-via-fenced_update={via_update} accepted-via-fence={via_fence}"
+    );
     let report = finish(&run, &mut c, &CheckOptions::default(), false, &extra);
     // Stale holders were really refused: the run tested fencing, not just locking.
-    assert!(report.writes_rejected > 0, "no stale write was ever refused");
+    assert!(
+        report.writes_rejected > 0,
+        "no stale write was ever refused"
+    );
 }
 
 /// The article's scenario with real processes: A acquires and is frozen (SIGSTOP) past its
@@ -290,23 +377,41 @@ fn pause_past_the_lease_with_sigstop() {
     let args = [("locks", "ledger"), ("ttl_ms", "1000"), ("run_ms", "20000")];
     let a = run.spawn(&cluster, "A", "pause-a", &args);
     let granted = run.read_line(a);
-    let a_token: i64 = granted.rsplit(' ').next().unwrap().parse().expect("A's token");
+    let a_token: i64 = granted
+        .rsplit(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .expect("A's token");
     assert!(granted.starts_with("granted ledger"), "{granted}");
 
     // Freeze A, and tell it to go on: it will read that only when resumed.
     try_signal(run.pid(a), "STOP");
     let pid = run.pid(a) as i32;
-    eventually(Duration::from_secs(10), "A is stopped", || proc_stat(pid).is_some_and(|(s, _)| s == 'T').then_some(()));
+    eventually(Duration::from_secs(10), "A is stopped", || {
+        proc_stat(pid).is_some_and(|(s, _)| s == 'T').then_some(())
+    });
     run.tell(a, "go");
 
     // B tries until A's lease is over, takes the lock, writes.
     let b = run.spawn(&cluster, "B", "pause-b", &args);
     let granted = run.read_line(b);
-    let b_token: i64 = granted.rsplit(' ').next().unwrap().parse().expect("B's token");
+    let b_token: i64 = granted
+        .rsplit(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .expect("B's token");
     assert_eq!(run.read_line(b), "write true", "B's write");
-    assert!(b_token > a_token, "B's token {b_token} is above A's {a_token}");
+    assert!(
+        b_token > a_token,
+        "B's token {b_token} is above A's {a_token}"
+    );
     let expired: bool = c
-        .query_one("SELECT count(*) = 0 FROM lockext.locks WHERE lock_id = 'ledger' AND fence_token = $1", &[&a_token])
+        .query_one(
+            "SELECT count(*) = 0 FROM lockext.locks WHERE lock_id = 'ledger' AND fence_token = $1",
+            &[&a_token],
+        )
         .unwrap()
         .get(0);
     assert!(expired, "A's lease is gone");
@@ -322,8 +427,17 @@ fn pause_past_the_lease_with_sigstop() {
         .expect("the resource exists");
     let (token, op): (i64, String) = (row.get(0), row.get(1));
     assert_eq!(token, b_token, "the resource holds B's token");
-    assert!(op.starts_with("B:"), "the resource holds B's data, not {op}");
-    finish(&run, &mut c, &CheckOptions::default(), false, &format!("a-token={a_token} b-token={b_token}"));
+    assert!(
+        op.starts_with("B:"),
+        "the resource holds B's data, not {op}"
+    );
+    finish(
+        &run,
+        &mut c,
+        &CheckOptions::default(),
+        false,
+        &format!("a-token={a_token} b-token={b_token}"),
+    );
 }
 
 /// 8 clients under load, half of them with synchronous_commit = off; the whole server is
@@ -346,7 +460,10 @@ fn pause_past_the_lease_with_sigstop() {
 #[test]
 fn crash_of_the_whole_server_under_load() {
     // lockext.durability = grant (the default): every grant commits synchronously.
-    let cluster = Cluster::start("faults-crash", "lockext.reap_interval = '100ms'\nlockext.durability = 'grant'");
+    let cluster = Cluster::start(
+        "faults-crash",
+        "lockext.reap_interval = '100ms'\nlockext.durability = 'grant'",
+    );
     let c = setup(&cluster);
     let mut run = Run::new("crash");
     for i in 0..8 {
@@ -355,7 +472,12 @@ fn crash_of_the_whole_server_under_load() {
             &cluster,
             &format!("c{i}-{sync}"),
             "worker",
-            &[("locks", "lk0,lk1,lk2,lk3"), ("ttl_ms", "500"), ("stale_pct", "20"), ("sync", sync)],
+            &[
+                ("locks", "lk0,lk1,lk2,lk3"),
+                ("ttl_ms", "500"),
+                ("stale_pct", "20"),
+                ("sync", sync),
+            ],
         );
     }
     sleep(Duration::from_millis(3000));
@@ -367,11 +489,21 @@ fn crash_of_the_whole_server_under_load() {
     run.stop(Duration::from_secs(60));
     drop(c); // died with the server
     let mut c2 = cluster.reconnect(Duration::from_secs(30));
-    let opts = CheckOptions { restarts: vec![Restart { kill_us, restarted_us }] };
+    let opts = CheckOptions {
+        restarts: vec![Restart {
+            kill_us,
+            restarted_us,
+        }],
+    };
     let history = run.history(&mut c2);
     let granted = |o: &&Op| o.kind == Kind::Acquire && o.ok();
-    let before: Vec<i64> =
-        history.ops.iter().filter(granted).filter(|o| o.end_us < kill_us).filter_map(|o| o.token).collect();
+    let before: Vec<i64> = history
+        .ops
+        .iter()
+        .filter(granted)
+        .filter(|o| o.end_us < kill_us)
+        .filter_map(|o| o.token)
+        .collect();
     let after: Vec<i64> = history
         .ops
         .iter()
@@ -380,7 +512,8 @@ fn crash_of_the_whole_server_under_load() {
         .filter_map(|o| o.token)
         .filter(|t| !before.contains(t)) // a pre-crash grant given back to its owner
         .collect();
-    let (highest_before, lowest_after) = (before.iter().max().copied(), after.iter().min().copied());
+    let (highest_before, lowest_after) =
+        (before.iter().max().copied(), after.iter().min().copied());
     let report = finish(
         &run,
         &mut c2,
@@ -396,7 +529,10 @@ fn crash_of_the_whole_server_under_load() {
             (restarted_us - kill_us) / 1000
         ),
     );
-    assert!(!before.is_empty() && !after.is_empty(), "grants before ({before:?}) and after ({after:?}) the crash");
+    assert!(
+        !before.is_empty() && !after.is_empty(),
+        "grants before ({before:?}) and after ({after:?}) the crash"
+    );
     assert!(report.failed_ops > 0, "the crash was felt by the clients");
 }
 
@@ -410,7 +546,10 @@ fn server_clock_steps_forward_and_back_by_minutes() {
         std::path::Path::new(LIBFAKETIME).exists(),
         "{LIBFAKETIME} is missing: apt-get install faketime (scripts/bootstrap.sh does)"
     );
-    let offset = PathBuf::from(format!("/tmp/lockext-tests/faketime-{}.rc", std::process::id()));
+    let offset = PathBuf::from(format!(
+        "/tmp/lockext-tests/faketime-{}.rc",
+        std::process::id()
+    ));
     std::fs::create_dir_all(offset.parent().unwrap()).unwrap();
     set_fake_offset(&offset, "+0");
     let env = faketime_env(&offset);
@@ -423,24 +562,44 @@ fn server_clock_steps_forward_and_back_by_minutes() {
             &cluster,
             &format!("c{i}"),
             "worker",
-            &[("locks", "lk0,lk1,lk2,lk3"), ("ttl_ms", "300"), ("stale_pct", "20")],
+            &[
+                ("locks", "lk0,lk1,lk2,lk3"),
+                ("ttl_ms", "300"),
+                ("stale_pct", "20"),
+            ],
         );
     }
     let mut seen = Vec::new();
-    for (text, secs) in [("+4m", 240), ("+0", 0), ("-3m", -180), ("+5m", 300), ("+0", 0)] {
+    for (text, secs) in [
+        ("+4m", 240),
+        ("+0", 0),
+        ("-3m", -180),
+        ("+5m", 300),
+        ("+0", 0),
+    ] {
         sleep(Duration::from_millis(1600));
         set_fake_offset(&offset, text);
         // The server's clock really moved (libfaketime is in effect).
-        let got = eventually(Duration::from_secs(10), &format!("server clock at {text}"), || {
-            let off = (server_clock_us(&mut c) - now_us()) / 1_000_000;
-            ((off - secs).abs() <= 20).then_some(off)
-        });
+        let got = eventually(
+            Duration::from_secs(10),
+            &format!("server clock at {text}"),
+            || {
+                let off = (server_clock_us(&mut c) - now_us()) / 1_000_000;
+                ((off - secs).abs() <= 20).then_some(off)
+            },
+        );
         seen.push(format!("{got:+}s"));
     }
     sleep(Duration::from_millis(1000));
     run.stop(Duration::from_secs(60));
     let _ = std::fs::remove_file(&offset);
-    finish(&run, &mut c, &CheckOptions::default(), true, &format!("server-clock-offsets={}", seen.join(",")));
+    finish(
+        &run,
+        &mut c,
+        &CheckOptions::default(),
+        true,
+        &format!("server-clock-offsets={}", seen.join(",")),
+    );
 }
 
 /// Holders keep leases live (renewing every 100 ms), workers churn short leases, and the
@@ -450,13 +609,21 @@ fn server_clock_steps_forward_and_back_by_minutes() {
 /// it after the restart succeeds; the new reaper clears the expired leases.
 #[test]
 fn reaper_killed_mid_round_no_live_lease_lost() {
-    let cluster = Cluster::start("faults-reaper", "lockext.reap_interval = '100ms'\nlockext.reap_batch_size = 200");
+    let cluster = Cluster::start(
+        "faults-reaper",
+        "lockext.reap_interval = '100ms'\nlockext.reap_batch_size = 200",
+    );
     let mut c = setup(&cluster);
     let mut run = Run::new("reaper");
     let mut holders = Vec::new();
     for i in 0..4 {
         let lock = format!("hold-{i}");
-        let h = run.spawn(&cluster, &format!("h{i}"), "holder", &[("locks", &lock), ("ttl_ms", "30000")]);
+        let h = run.spawn(
+            &cluster,
+            &format!("h{i}"),
+            "holder",
+            &[("locks", &lock), ("ttl_ms", "30000")],
+        );
         holders.push(h);
     }
     for i in 0..4 {
@@ -472,7 +639,11 @@ fn reaper_killed_mid_round_no_live_lease_lost() {
         let line = run.read_line(h);
         let f: Vec<&str> = line.split(' ').collect();
         assert_eq!(f[0], "granted", "{line}");
-        held.push((f[1].to_string(), f[2].to_string(), f[3].parse::<i64>().unwrap()));
+        held.push((
+            f[1].to_string(),
+            f[2].to_string(),
+            f[3].parse::<i64>().unwrap(),
+        ));
     }
 
     c.batch_execute(
@@ -481,43 +652,80 @@ fn reaper_killed_mid_round_no_live_lease_lost() {
     )
     .unwrap();
     let dead = |c: &mut Client| -> i64 {
-        c.query_one("SELECT count(*) FROM lockext.locks WHERE owner = 'dead-client'", &[]).unwrap().get(0)
+        c.query_one(
+            "SELECT count(*) FROM lockext.locks WHERE owner = 'dead-client'",
+            &[],
+        )
+        .unwrap()
+        .get(0)
     };
-    let old = eventually(Duration::from_secs(10), "a reaper", || reaper_pid(&mut c, "postgres"));
-    // Kill it while it works through them, if we catch it at it.
-    let left = eventually(Duration::from_secs(30), "the reaper starts on the expired leases", || {
-        let n = dead(&mut c);
-        (n < 20000).then_some(n)
+    let old = eventually(Duration::from_secs(10), "a reaper", || {
+        reaper_pid(&mut c, "postgres")
     });
+    // Kill it while it works through them, if we catch it at it.
+    let left = eventually(
+        Duration::from_secs(30),
+        "the reaper starts on the expired leases",
+        || {
+            let n = dead(&mut c);
+            (n < 20000).then_some(n)
+        },
+    );
     let kill_us = now_us();
     signal(old, "KILL");
     // The postmaster resets every backend, ours included.
-    eventually(Duration::from_secs(30), "the postmaster resets the backends", || {
-        c.simple_query("SELECT 1").is_err().then_some(())
-    });
+    eventually(
+        Duration::from_secs(30),
+        "the postmaster resets the backends",
+        || c.simple_query("SELECT 1").is_err().then_some(()),
+    );
     let mut c = cluster.reconnect(Duration::from_secs(30));
     let restarted_us = now_us();
-    let new =
-        eventually(Duration::from_secs(30), "a new reaper", || reaper_pid(&mut c, "postgres").filter(|&p| p != old));
-    assert_ne!(new, old);
-    eventually(Duration::from_secs(30), "the new reaper clears the expired leases", || {
-        (dead(&mut c) == 0).then_some(())
+    let new = eventually(Duration::from_secs(30), "a new reaper", || {
+        reaper_pid(&mut c, "postgres").filter(|&p| p != old)
     });
+    assert_ne!(new, old);
+    eventually(
+        Duration::from_secs(30),
+        "the new reaper clears the expired leases",
+        || (dead(&mut c) == 0).then_some(()),
+    );
     for (lock, owner, token) in &held {
         let row = c
-            .query_opt("SELECT owner, fence_token FROM lockext.locks WHERE lock_id = $1", &[lock])
+            .query_opt(
+                "SELECT owner, fence_token FROM lockext.locks WHERE lock_id = $1",
+                &[lock],
+            )
             .unwrap()
             .unwrap_or_else(|| panic!("live lease {lock} was lost"));
-        assert_eq!((row.get::<_, String>(0), row.get::<_, i64>(1)), (owner.clone(), *token), "lease {lock}");
+        assert_eq!(
+            (row.get::<_, String>(0), row.get::<_, i64>(1)),
+            (owner.clone(), *token),
+            "lease {lock}"
+        );
     }
     sleep(Duration::from_millis(2000)); // the clients carry on a while
     run.stop(Duration::from_secs(60));
-    let opts = CheckOptions { restarts: vec![Restart { kill_us, restarted_us }] };
+    let opts = CheckOptions {
+        restarts: vec![Restart {
+            kill_us,
+            restarted_us,
+        }],
+    };
     let history = run.history(&mut c);
     let holder_ids: Vec<String> = (0..4).map(|i| format!("h{i}")).collect();
     let mut renewals_after = 0;
-    for o in history.ops.iter().filter(|o| holder_ids.contains(&o.client) && o.kind == Kind::Renew) {
-        assert_ne!(o.outcome, Outcome::Refused, "holder's renewal {} refused: its live lease was lost", o.id());
+    for o in history
+        .ops
+        .iter()
+        .filter(|o| holder_ids.contains(&o.client) && o.kind == Kind::Renew)
+    {
+        assert_ne!(
+            o.outcome,
+            Outcome::Refused,
+            "holder's renewal {} refused: its live lease was lost",
+            o.id()
+        );
         if o.ok() && o.start_us > restarted_us {
             renewals_after += 1;
         }
@@ -528,7 +736,9 @@ fn reaper_killed_mid_round_no_live_lease_lost() {
         &mut c,
         &opts,
         false,
-        &format!("expired-leases-left-at-kill={left} holder-renewals-after-restart={renewals_after}"),
+        &format!(
+            "expired-leases-left-at-kill={left} holder-renewals-after-restart={renewals_after}"
+        ),
     );
 }
 
@@ -545,10 +755,21 @@ const MS: i64 = 1000;
 
 impl Builder {
     fn new() -> Builder {
-        Builder { h: History::default(), seq: 0 }
+        Builder {
+            h: History::default(),
+            seq: 0,
+        }
     }
 
-    fn op(&mut self, client: &str, kind: Kind, target: &str, owner: &str, token: Option<i64>, at_ms: i64) -> &mut Op {
+    fn op(
+        &mut self,
+        client: &str,
+        kind: Kind,
+        target: &str,
+        owner: &str,
+        token: Option<i64>,
+        at_ms: i64,
+    ) -> &mut Op {
         self.seq += 1;
         self.h.ops.push(Op {
             client: client.into(),
@@ -570,7 +791,15 @@ impl Builder {
     }
 
     /// A grant of `lock` to `owner` at `at_ms` for `ttl_ms`.
-    fn acquire(&mut self, client: &str, lock: &str, owner: &str, token: i64, at_ms: i64, ttl_ms: i64) -> &mut Op {
+    fn acquire(
+        &mut self,
+        client: &str,
+        lock: &str,
+        owner: &str,
+        token: i64,
+        at_ms: i64,
+        ttl_ms: i64,
+    ) -> &mut Op {
         let o = self.op(client, Kind::Acquire, lock, owner, Some(token), at_ms);
         o.acquired_at = Some(at_ms * MS);
         o.expires_at = Some((at_ms + ttl_ms) * MS);
@@ -578,25 +807,58 @@ impl Builder {
     }
 
     /// The same owner getting its live grant back (acquired_at unchanged).
-    fn reacquire(&mut self, client: &str, lock: &str, owner: &str, token: i64, first_ms: i64, at_ms: i64, ttl_ms: i64) {
+    fn reacquire(
+        &mut self,
+        client: &str,
+        lock: &str,
+        owner: &str,
+        token: i64,
+        first_ms: i64,
+        at_ms: i64,
+        ttl_ms: i64,
+    ) {
         let o = self.acquire(client, lock, owner, token, at_ms, ttl_ms);
         o.acquired_at = Some(first_ms * MS);
     }
 
-    fn release(&mut self, client: &str, lock: &str, owner: &str, token: i64, at_ms: i64, live: bool) {
+    fn release(
+        &mut self,
+        client: &str,
+        lock: &str,
+        owner: &str,
+        token: i64,
+        at_ms: i64,
+        live: bool,
+    ) {
         let o = self.op(client, Kind::Release, lock, owner, Some(token), at_ms);
         if !live {
             o.outcome = Outcome::Refused;
         }
     }
 
-    fn renew(&mut self, client: &str, lock: &str, owner: &str, token: i64, at_ms: i64, ttl_ms: i64) {
+    fn renew(
+        &mut self,
+        client: &str,
+        lock: &str,
+        owner: &str,
+        token: i64,
+        at_ms: i64,
+        ttl_ms: i64,
+    ) {
         let o = self.op(client, Kind::Renew, lock, owner, Some(token), at_ms);
         o.expires_at = Some((at_ms + ttl_ms) * MS);
     }
 
     /// A write the client saw with `outcome`; returns its op id.
-    fn write(&mut self, client: &str, res: &str, owner: &str, token: i64, at_ms: i64, outcome: Outcome) -> String {
+    fn write(
+        &mut self,
+        client: &str,
+        res: &str,
+        owner: &str,
+        token: i64,
+        at_ms: i64,
+        outcome: Outcome,
+    ) -> String {
         let o = self.op(client, Kind::Write, res, owner, Some(token), at_ms);
         o.outcome = outcome;
         o.id()
@@ -605,9 +867,18 @@ impl Builder {
     /// Records an accepted write in the server's history (commit order = call order).
     fn stored(&mut self, res: &str, token: i64, op: &str) {
         let seq = self.h.accepted.len() as i64 + 1;
-        self.h.accepted.push(Accepted { seq, resource: res.into(), token, op: op.into() });
+        self.h.accepted.push(Accepted {
+            seq,
+            resource: res.into(),
+            token,
+            op: op.into(),
+        });
         self.h.resources.retain(|r| r.resource != res);
-        self.h.resources.push(FinalResource { resource: res.into(), token, op: Some(op.into()) });
+        self.h.resources.push(FinalResource {
+            resource: res.into(),
+            token,
+            op: Some(op.into()),
+        });
     }
 
     fn check(&self) -> Report {
@@ -639,7 +910,10 @@ fn checker_accepts_a_correct_history_and_counts_it() {
     let r = good_history().check();
     assert!(r.violations.is_empty(), "{:?}", r.violations);
     assert_eq!((r.grants, r.same_grant_reacquires), (3, 1));
-    assert_eq!((r.writes_acked, r.writes_rejected, r.writes_in_db), (2, 1, 2));
+    assert_eq!(
+        (r.writes_acked, r.writes_rejected, r.writes_in_db),
+        (2, 1, 2)
+    );
     assert_eq!((r.renews_ok, r.releases_ok, r.releases_refused), (1, 1, 1));
     assert_eq!(r.overlaps, 0);
 }
@@ -692,7 +966,12 @@ fn checker_allows_losing_async_writes_only_when_nothing_flushed_them() {
     b.h.ops.iter_mut().for_each(|o| o.durable = o.client != "c");
     b.write("c", "R", "c-1", 12, 240, Outcome::Ok);
     b.h.ops.last_mut().unwrap().durable = false;
-    let crash = CheckOptions { restarts: vec![Restart { kill_us: 400 * MS, restarted_us: 500 * MS }] };
+    let crash = CheckOptions {
+        restarts: vec![Restart {
+            kill_us: 400 * MS,
+            restarted_us: 500 * MS,
+        }],
+    };
     let r = check(&b.h, &crash);
     assert!(r.violations.is_empty(), "{:?}", r.violations);
     assert_eq!(r.async_writes_lost, 1);
@@ -715,7 +994,12 @@ fn checker_reports_overlapping_grants() {
     b.acquire("a", "L", "a-1", 10, 0, 100);
     b.acquire("b", "L", "b-1", 11, 50, 100); // a's lease runs to 100
     let r = b.check();
-    assert_eq!((r.overlaps, r.count(Invariant::NoOverlap)), (1, 1), "{:?}", r.violations);
+    assert_eq!(
+        (r.overlaps, r.count(Invariant::NoOverlap)),
+        (1, 1),
+        "{:?}",
+        r.violations
+    );
 
     // A renewal extends the lease: a grant after the first expiry but before the renewed
     // one overlaps.
@@ -742,18 +1026,30 @@ fn checker_reports_overlapping_grants() {
 
 #[test]
 fn checker_reports_a_token_at_or_below_one_acknowledged_before_a_crash() {
-    let opts = CheckOptions { restarts: vec![Restart { kill_us: 500 * MS, restarted_us: 900 * MS }] };
+    let opts = CheckOptions {
+        restarts: vec![Restart {
+            kill_us: 500 * MS,
+            restarted_us: 900 * MS,
+        }],
+    };
     let mut b = good_history();
     b.acquire("d", "M", "d-1", 5, 1000, 100); // 12 was acknowledged before the crash
     let r = check(&b.h, &opts);
-    assert_eq!(r.count(Invariant::TokensAfterRestart), 1, "{:?}", r.violations);
+    assert_eq!(
+        r.count(Invariant::TokensAfterRestart),
+        1,
+        "{:?}",
+        r.violations
+    );
     assert_eq!(r.violations.len(), 1, "{:?}", r.violations);
 
     // A grant made before the crash whose reply was lost, given back after the restart
     // to the same owner retrying: not a new grant.
     let mut b = good_history();
-    b.op("e", Kind::Acquire, "M", "e-1", None, 400).outcome =
-        Outcome::Failed { code: None, message: "connection closed".into() };
+    b.op("e", Kind::Acquire, "M", "e-1", None, 400).outcome = Outcome::Failed {
+        code: None,
+        message: "connection closed".into(),
+    };
     b.acquire("e", "M", "e-1", 5, 1000, 100).acquired_at = Some(400 * MS);
     let r = check(&b.h, &opts);
     assert!(r.violations.is_empty(), "{:?}", r.violations);
@@ -766,12 +1062,18 @@ fn checker_reports_a_token_at_or_below_one_acknowledged_before_a_crash() {
 #[test]
 fn checker_reports_errors_no_fault_explains() {
     let mut b = good_history();
-    b.op("d", Kind::Write, "R", "d-1", Some(99), 300).outcome =
-        Outcome::Failed { code: Some("22023".into()), message: "fence token 99 was never issued".into() };
-    b.op("d", Kind::Acquire, "L", "d-2", None, 310).outcome =
-        Outcome::Failed { code: Some("57P01".into()), message: "terminating connection".into() };
-    b.op("d", Kind::Acquire, "L", "d-3", None, 320).outcome =
-        Outcome::Failed { code: None, message: "connection closed".into() };
+    b.op("d", Kind::Write, "R", "d-1", Some(99), 300).outcome = Outcome::Failed {
+        code: Some("22023".into()),
+        message: "fence token 99 was never issued".into(),
+    };
+    b.op("d", Kind::Acquire, "L", "d-2", None, 310).outcome = Outcome::Failed {
+        code: Some("57P01".into()),
+        message: "terminating connection".into(),
+    };
+    b.op("d", Kind::Acquire, "L", "d-3", None, 320).outcome = Outcome::Failed {
+        code: None,
+        message: "connection closed".into(),
+    };
     let r = b.check();
     assert_eq!(r.count(Invariant::UnexpectedError), 1, "{:?}", r.violations);
     assert_eq!((r.failed_ops, r.writes_unknown), (3, 1));
@@ -781,7 +1083,10 @@ fn checker_reports_errors_no_fault_explains() {
 fn history_lines_round_trip() {
     let b = good_history();
     let mut failed = b.h.ops[0].clone();
-    failed.outcome = Outcome::Failed { code: Some("08006".into()), message: "broken\tpipe: eof".into() };
+    failed.outcome = Outcome::Failed {
+        code: Some("08006".into()),
+        message: "broken\tpipe: eof".into(),
+    };
     for o in b.h.ops.iter().chain([&failed]) {
         let back = Op::from_line(&o.to_line()).unwrap();
         let mut expected = o.clone();

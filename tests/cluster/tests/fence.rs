@@ -21,7 +21,14 @@ fn paused_client_transaction_is_aborted_by_the_fence() {
 
     // Client A: a psql process that takes the lock and will write once it is told to.
     let mut a = Command::new(format!("{PG_BIN}/psql"))
-        .args(["-X", "-q", "-v", "VERBOSITY=verbose", "-v", "ON_ERROR_STOP=0"])
+        .args([
+            "-X",
+            "-q",
+            "-v",
+            "VERBOSITY=verbose",
+            "-v",
+            "ON_ERROR_STOP=0",
+        ])
         .arg(cluster.url("postgres"))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -32,9 +39,12 @@ fn paused_client_transaction_is_aborted_by_the_fence() {
     writeln!(a_in, "SELECT fence_token AS a FROM lockext.lock_acquire('acct:42', 'A', '300 milliseconds') \\gset").unwrap();
     a_in.flush().unwrap();
     let a_token = eventually(Duration::from_secs(10), "A holds the lock", || {
-        c.query_opt("SELECT fence_token FROM lockext.locks WHERE lock_id = 'acct:42' AND owner = 'A'", &[])
-            .unwrap()
-            .map(|row| row.get::<_, i64>(0))
+        c.query_opt(
+            "SELECT fence_token FROM lockext.locks WHERE lock_id = 'acct:42' AND owner = 'A'",
+            &[],
+        )
+        .unwrap()
+        .map(|row| row.get::<_, i64>(0))
     });
 
     // A is paused (a GC pause, a VM stall) for longer than its lease.
@@ -51,14 +61,22 @@ fn paused_client_transaction_is_aborted_by_the_fence() {
 
     // B takes the expired lock with a higher token and writes through the fence.
     let b_token: i64 = c
-        .query_one("SELECT (lockext.lock_acquire('acct:42', 'B', '1 minute')).fence_token", &[])
+        .query_one(
+            "SELECT (lockext.lock_acquire('acct:42', 'B', '1 minute')).fence_token",
+            &[],
+        )
         .unwrap()
         .get::<_, Option<i64>>(0)
         .expect("B gets the expired lock");
     assert!(b_token > a_token);
     let mut tx = c.transaction().unwrap();
-    tx.execute("SELECT lockext.fence('acct:42', $1)", &[&b_token]).unwrap();
-    tx.execute("UPDATE accounts SET balance = 80, written_by = 'B' WHERE id = 42", &[]).unwrap();
+    tx.execute("SELECT lockext.fence('acct:42', $1)", &[&b_token])
+        .unwrap();
+    tx.execute(
+        "UPDATE accounts SET balance = 80, written_by = 'B' WHERE id = 42",
+        &[],
+    )
+    .unwrap();
     tx.commit().unwrap();
 
     // A wakes up believing it still holds the lock.
@@ -67,9 +85,23 @@ fn paused_client_transaction_is_aborted_by_the_fence() {
     let out = a.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     println!("client A (token {a_token}) after SIGCONT:\n{stderr}");
-    assert!(stderr.contains("ERROR:  55L01: fence token"), "A's transaction fails with 55L01:\n{stderr}");
-    assert!(stderr.contains("current transaction is aborted"), "A's UPDATE never runs:\n{stderr}");
+    assert!(
+        stderr.contains("ERROR:  55L01: fence token"),
+        "A's transaction fails with 55L01:\n{stderr}"
+    );
+    assert!(
+        stderr.contains("current transaction is aborted"),
+        "A's UPDATE never runs:\n{stderr}"
+    );
 
-    let row = c.query_one("SELECT balance, written_by FROM accounts WHERE id = 42", &[]).unwrap();
-    assert_eq!((row.get::<_, i32>(0), row.get::<_, String>(1)), (80, "B".to_string()));
+    let row = c
+        .query_one(
+            "SELECT balance, written_by FROM accounts WHERE id = 42",
+            &[],
+        )
+        .unwrap();
+    assert_eq!(
+        (row.get::<_, i32>(0), row.get::<_, String>(1)),
+        (80, "B".to_string())
+    );
 }

@@ -16,23 +16,37 @@ fn stats(c: &mut Client) -> HashMap<String, i64> {
 fn holders_and_counters_tell_who_holds_what_and_what_happened() {
     let cluster = Cluster::start("operations", "");
     let mut c = cluster.connect();
-    c.batch_execute("SET application_name = 'billing-worker'").unwrap();
+    c.batch_execute("SET application_name = 'billing-worker'")
+        .unwrap();
     let before = stats(&mut c);
 
     let t: i64 = c
-        .query_one("SELECT (lockext.lock_acquire('invoice:7', 'host-a:11:req-1', '1 minute')).fence_token", &[])
+        .query_one(
+            "SELECT (lockext.lock_acquire('invoice:7', 'host-a:11:req-1', '1 minute')).fence_token",
+            &[],
+        )
         .unwrap()
         .get(0);
     let mut other = cluster.connect();
     let refused: bool = other
-        .query_one("SELECT lockext.lock_acquire('invoice:7', 'host-b:12:req-2', '1 minute') IS NULL", &[])
+        .query_one(
+            "SELECT lockext.lock_acquire('invoice:7', 'host-b:12:req-2', '1 minute') IS NULL",
+            &[],
+        )
         .unwrap()
         .get(0);
     assert!(refused);
-    c.batch_execute("SELECT lockext.lock_renew('invoice:7', 'host-a:11:req-1', '1 minute')").unwrap();
-    c.batch_execute("SELECT lockext.lock_renew('invoice:7', 'nobody', '1 minute')").unwrap();
-    c.query_one("SELECT lockext.fenced_update('invoice', $1, '{}')", &[&t]).unwrap();
-    c.query_one("SELECT lockext.fenced_update('invoice', $1, '{}')", &[&(t - 1)]).unwrap();
+    c.batch_execute("SELECT lockext.lock_renew('invoice:7', 'host-a:11:req-1', '1 minute')")
+        .unwrap();
+    c.batch_execute("SELECT lockext.lock_renew('invoice:7', 'nobody', '1 minute')")
+        .unwrap();
+    c.query_one("SELECT lockext.fenced_update('invoice', $1, '{}')", &[&t])
+        .unwrap();
+    c.query_one(
+        "SELECT lockext.fenced_update('invoice', $1, '{}')",
+        &[&(t - 1)],
+    )
+    .unwrap();
 
     // Who holds it, joined with the taker's session.
     let row = c
@@ -52,8 +66,10 @@ fn holders_and_counters_tell_who_holds_what_and_what_happened() {
     assert!(row.get::<_, bool>(5));
     assert_eq!(row.get::<_, String>(6), "billing-worker");
 
-    c.batch_execute("SELECT lockext.lock_release('invoice:7', 'host-a:11:req-1')").unwrap();
-    c.batch_execute("SELECT lockext.lock_release('invoice:7', 'host-a:11:req-1')").unwrap();
+    c.batch_execute("SELECT lockext.lock_release('invoice:7', 'host-a:11:req-1')")
+        .unwrap();
+    c.batch_execute("SELECT lockext.lock_release('invoice:7', 'host-a:11:req-1')")
+        .unwrap();
 
     let after = stats(&mut c);
     let delta = |name: &str| after[name] - before.get(name).copied().unwrap_or(0);
@@ -64,9 +80,21 @@ fn holders_and_counters_tell_who_holds_what_and_what_happened() {
     assert_eq!(delta("releases_ok"), 1);
     assert_eq!(delta("releases_failed"), 1);
     assert_eq!(delta("fence_rejected_stale"), 1);
-    let latency: i64 = after.iter().filter(|(k, _)| k.starts_with("acquire_latency_")).map(|(_, v)| v).sum();
-    let latency_before: i64 = before.iter().filter(|(k, _)| k.starts_with("acquire_latency_")).map(|(_, v)| v).sum();
-    assert_eq!(latency - latency_before, 2, "one histogram sample per lock_acquire");
+    let latency: i64 = after
+        .iter()
+        .filter(|(k, _)| k.starts_with("acquire_latency_"))
+        .map(|(_, v)| v)
+        .sum();
+    let latency_before: i64 = before
+        .iter()
+        .filter(|(k, _)| k.starts_with("acquire_latency_"))
+        .map(|(_, v)| v)
+        .sum();
+    assert_eq!(
+        latency - latency_before,
+        2,
+        "one histogram sample per lock_acquire"
+    );
 
     c.batch_execute("SELECT lockext.stats_reset()").unwrap();
     let reset = stats(&mut c);

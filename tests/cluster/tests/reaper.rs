@@ -17,9 +17,12 @@ fn acquire(c: &mut Client, lock: &str, owner: &str, ttl: &str) -> Option<i64> {
 }
 
 fn lease_exists(c: &mut Client, lock: &str) -> bool {
-    c.query_one("SELECT count(*) = 1 FROM lockext.locks WHERE lock_id = $1", &[&lock])
-        .expect("lease row")
-        .get(0)
+    c.query_one(
+        "SELECT count(*) = 1 FROM lockext.locks WHERE lock_id = $1",
+        &[&lock],
+    )
+    .expect("lease row")
+    .get(0)
 }
 
 fn set_and_reload(c: &mut Client, alter_system: &str) {
@@ -32,7 +35,13 @@ fn expired_leases_disappear_without_any_call_and_live_ones_stay() {
     let cluster = Cluster::start("reap-basic", INTERVAL);
     let mut c = cluster.connect();
     for i in 0..20 {
-        acquire(&mut c, &format!("short-{i}"), "dead-client", "300 milliseconds").unwrap();
+        acquire(
+            &mut c,
+            &format!("short-{i}"),
+            "dead-client",
+            "300 milliseconds",
+        )
+        .unwrap();
     }
     acquire(&mut c, "live", "alive-client", "1 hour").unwrap();
     acquire(&mut c, "renewed", "alive-client", "600 milliseconds").unwrap();
@@ -40,14 +49,19 @@ fn expired_leases_disappear_without_any_call_and_live_ones_stay() {
     // Renewed just before it would expire: must survive every round after.
     thread::sleep(Duration::from_millis(450));
     let renewed: Option<std::time::SystemTime> = c
-        .query_one("SELECT lockext.lock_renew('renewed', 'alive-client', '1 hour')", &[])
+        .query_one(
+            "SELECT lockext.lock_renew('renewed', 'alive-client', '1 hour')",
+            &[],
+        )
         .unwrap()
         .get(0);
     assert!(renewed.is_some(), "renewal of a live lease succeeds");
 
-    eventually(Duration::from_secs(10), "the 20 expired leases are reaped", || {
-        (count_leases(&mut c) == 2).then_some(())
-    });
+    eventually(
+        Duration::from_secs(10),
+        "the 20 expired leases are reaped",
+        || (count_leases(&mut c) == 2).then_some(()),
+    );
     // Several more rounds: the live and the renewed lease stay.
     thread::sleep(Duration::from_millis(1000));
     assert!(lease_exists(&mut c, "live"));
@@ -72,18 +86,36 @@ fn reaper_shows_in_pg_stat_activity_and_follows_reloaded_settings() {
     let cluster = Cluster::start("reap-settings", INTERVAL);
     let mut c = cluster.connect();
     // Settings written in postgresql.conf hold from the start, not only after a reload.
-    let interval: String = c.query_one("SHOW lockext.reap_interval", &[]).unwrap().get(0);
-    let batch: String = c.query_one("SHOW lockext.reap_batch_size", &[]).unwrap().get(0);
+    let interval: String = c
+        .query_one("SHOW lockext.reap_interval", &[])
+        .unwrap()
+        .get(0);
+    let batch: String = c
+        .query_one("SHOW lockext.reap_batch_size", &[])
+        .unwrap()
+        .get(0);
     assert_eq!((interval.as_str(), batch.as_str()), ("200ms", "1000"));
-    assert!(!cluster.log().contains("invalid configuration parameter"), "{}", cluster.log());
-    let pid = eventually(Duration::from_secs(10), "a reaper for postgres", || reaper_pid(&mut c, "postgres"));
+    assert!(
+        !cluster.log().contains("invalid configuration parameter"),
+        "{}",
+        cluster.log()
+    );
+    let pid = eventually(Duration::from_secs(10), "a reaper for postgres", || {
+        reaper_pid(&mut c, "postgres")
+    });
     let app: String = c
-        .query_one("SELECT application_name FROM pg_stat_activity WHERE pid = $1", &[&pid])
+        .query_one(
+            "SELECT application_name FROM pg_stat_activity WHERE pid = $1",
+            &[&pid],
+        )
         .unwrap()
         .get(0);
     assert_eq!(app, "lockext reaper");
     let launchers: i64 = c
-        .query_one("SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'lockext launcher'", &[])
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'lockext launcher'",
+            &[],
+        )
         .unwrap()
         .get(0);
     assert_eq!(launchers, 1);
@@ -91,20 +123,28 @@ fn reaper_shows_in_pg_stat_activity_and_follows_reloaded_settings() {
     // A longer interval, reloaded with SIGHUP: leases now outlive their TTL for a while.
     set_and_reload(&mut c, "ALTER SYSTEM SET lockext.reap_interval = '1h'");
     eventually(Duration::from_secs(5), "SHOW sees the new interval", || {
-        let v: String = c.query_one("SHOW lockext.reap_interval", &[]).unwrap().get(0);
+        let v: String = c
+            .query_one("SHOW lockext.reap_interval", &[])
+            .unwrap()
+            .get(0);
         (v == "1h").then_some(())
     });
     thread::sleep(Duration::from_millis(500)); // the reaper finishes the sleep it was in
     acquire(&mut c, "slow-reap", "dead-client", "100 milliseconds").unwrap();
     thread::sleep(Duration::from_millis(1500));
-    assert!(lease_exists(&mut c, "slow-reap"), "with a 1h interval the reaper sleeps on");
+    assert!(
+        lease_exists(&mut c, "slow-reap"),
+        "with a 1h interval the reaper sleeps on"
+    );
 
     // Back to fast: the reload's SIGHUP sets the reaper's latch, so it wakes at once
     // instead of finishing its hour-long sleep.
     set_and_reload(&mut c, "ALTER SYSTEM SET lockext.reap_interval = '200ms'");
-    eventually(Duration::from_secs(10), "the expired lease is reaped after the reload", || {
-        (!lease_exists(&mut c, "slow-reap")).then_some(())
-    });
+    eventually(
+        Duration::from_secs(10),
+        "the expired lease is reaped after the reload",
+        || (!lease_exists(&mut c, "slow-reap")).then_some(()),
+    );
 }
 
 #[test]
@@ -127,16 +167,26 @@ fn hundred_thousand_expired_leases_clear_in_batches_while_clients_never_wait() {
         c.batch_execute("SET lock_timeout = '1ms'").unwrap();
         let (mut granted, mut refused) = (0u32, 0u32);
         for i in 0..1500 {
-            let lock = if i % 2 == 0 { format!("fresh-{i}") } else { format!("bulk-{}", 1 + (i * 61) % 100000) };
+            let lock = if i % 2 == 0 {
+                format!("fresh-{i}")
+            } else {
+                format!("bulk-{}", 1 + (i * 61) % 100000)
+            };
             let token: Option<i64> = c
-                .query_one("SELECT (lockext.lock_acquire($1, 'busy-client', '1 minute')).fence_token", &[&lock])
+                .query_one(
+                    "SELECT (lockext.lock_acquire($1, 'busy-client', '1 minute')).fence_token",
+                    &[&lock],
+                )
                 .expect("acquire never waits for the reaper")
                 .get(0);
             match token {
                 Some(t) => {
                     granted += 1;
                     let released: bool = c
-                        .query_one("SELECT lockext.lock_release($1, 'busy-client', $2)", &[&lock, &t])
+                        .query_one(
+                            "SELECT lockext.lock_release($1, 'busy-client', $2)",
+                            &[&lock, &t],
+                        )
                         .expect("release never waits for the reaper")
                         .get(0);
                     assert!(released);
@@ -150,9 +200,11 @@ fn hundred_thousand_expired_leases_clear_in_batches_while_clients_never_wait() {
     let started = std::time::Instant::now();
     let (granted, refused) = client.join().expect("client thread");
     assert!(granted > 1000, "granted {granted}, refused {refused}");
-    eventually(Duration::from_secs(60), "all 100 000 expired leases are reaped", || {
-        (count_leases(&mut c) == 0).then_some(())
-    });
+    eventually(
+        Duration::from_secs(60),
+        "all 100 000 expired leases are reaped",
+        || (count_leases(&mut c) == 0).then_some(()),
+    );
     println!(
         "bulk reap: 100000 expired leases cleared {:?} after the busy client started; \
          the client meanwhile had {granted} grants and {refused} refusals, and never waited (lock_timeout = 1ms)",
@@ -165,7 +217,10 @@ fn hundred_thousand_expired_leases_clear_in_batches_while_clients_never_wait() {
         (row.get(0), row.get(1))
     };
     // Every bulk lease was either reaped or taken over by the client and released.
-    assert!(total <= 100_000 && total >= 100_000 - 1500, "reaped {total}");
+    assert!(
+        total <= 100_000 && total >= 100_000 - 1500,
+        "reaped {total}"
+    );
     assert!(rounds >= 1);
 }
 
@@ -174,7 +229,9 @@ fn postmaster_restarts_a_killed_reaper_and_no_live_lease_is_lost() {
     let cluster = Cluster::start("reap-kill", INTERVAL);
     let mut c = cluster.connect();
     let token = acquire(&mut c, "survivor", "alive-client", "1 hour").unwrap();
-    let old = eventually(Duration::from_secs(10), "a reaper", || reaper_pid(&mut c, "postgres"));
+    let old = eventually(Duration::from_secs(10), "a reaper", || {
+        reaper_pid(&mut c, "postgres")
+    });
     signal(old, "KILL");
     // A SIGKILLed child makes the postmaster reset every backend; reconnect.
     thread::sleep(Duration::from_millis(200));
@@ -184,9 +241,15 @@ fn postmaster_restarts_a_killed_reaper_and_no_live_lease_is_lost() {
     });
     assert_ne!(new, old);
     let row = c
-        .query_one("SELECT owner, fence_token FROM lockext.locks WHERE lock_id = 'survivor'", &[])
+        .query_one(
+            "SELECT owner, fence_token FROM lockext.locks WHERE lock_id = 'survivor'",
+            &[],
+        )
         .expect("the live lease survived");
-    assert_eq!((row.get::<_, String>(0), row.get::<_, i64>(1)), ("alive-client".to_string(), token));
+    assert_eq!(
+        (row.get::<_, String>(0), row.get::<_, i64>(1)),
+        ("alive-client".to_string(), token)
+    );
     // And the new reaper works.
     acquire(&mut c, "after-crash", "dead-client", "100 milliseconds").unwrap();
     eventually(Duration::from_secs(10), "the new reaper reaps", || {
@@ -196,25 +259,53 @@ fn postmaster_restarts_a_killed_reaper_and_no_live_lease_is_lost() {
 
 #[test]
 fn missing_database_and_missing_extension_are_logged_once_and_retried() {
-    let cluster = Cluster::start("reap-missing", &format!("{INTERVAL}\nlockext.database = 'postgres, appdb'"));
+    let cluster = Cluster::start(
+        "reap-missing",
+        &format!("{INTERVAL}\nlockext.database = 'postgres, appdb'"),
+    );
     let mut c = cluster.connect();
     // The launcher looks again every 5 s: let it look a few times.
     thread::sleep(Duration::from_secs(12));
     let missing = "database \"appdb\" named in lockext.database does not exist";
-    assert_eq!(cluster.log().matches(missing).count(), 1, "logged once:\n{}", cluster.log());
-    assert!(!cluster.log().contains("FATAL"), "no crash loop:\n{}", cluster.log());
+    assert_eq!(
+        cluster.log().matches(missing).count(),
+        1,
+        "logged once:\n{}",
+        cluster.log()
+    );
+    assert!(
+        !cluster.log().contains("FATAL"),
+        "no crash loop:\n{}",
+        cluster.log()
+    );
 
     c.batch_execute("CREATE DATABASE appdb").unwrap();
     let mut app = cluster.connect_to("appdb");
-    eventually(Duration::from_secs(20), "a reaper for appdb", || reaper_pid(&mut c, "appdb"));
-    eventually(Duration::from_secs(10), "the reaper reports the missing extension", || {
-        let row = c
-            .query_opt("SELECT last_error FROM lockext.reaper_status() WHERE database = 'appdb'", &[])
-            .unwrap()?;
-        row.get::<_, Option<String>>(0).filter(|e| e.contains("not installed"))
+    eventually(Duration::from_secs(20), "a reaper for appdb", || {
+        reaper_pid(&mut c, "appdb")
     });
+    eventually(
+        Duration::from_secs(10),
+        "the reaper reports the missing extension",
+        || {
+            let row = c
+                .query_opt(
+                    "SELECT last_error FROM lockext.reaper_status() WHERE database = 'appdb'",
+                    &[],
+                )
+                .unwrap()?;
+            row.get::<_, Option<String>>(0)
+                .filter(|e| e.contains("not installed"))
+        },
+    );
     thread::sleep(Duration::from_secs(1));
-    assert_eq!(cluster.log().matches("is not installed in database \"appdb\"").count(), 1);
+    assert_eq!(
+        cluster
+            .log()
+            .matches("is not installed in database \"appdb\"")
+            .count(),
+        1
+    );
 
     app.batch_execute("CREATE EXTENSION lockext").unwrap();
     acquire(&mut app, "in-appdb", "dead-client", "100 milliseconds").unwrap();
@@ -222,7 +313,10 @@ fn missing_database_and_missing_extension_are_logged_once_and_retried() {
         (count_leases(&mut app) == 0).then_some(())
     });
     let error: Option<String> = c
-        .query_one("SELECT last_error FROM lockext.reaper_status() WHERE database = 'appdb'", &[])
+        .query_one(
+            "SELECT last_error FROM lockext.reaper_status() WHERE database = 'appdb'",
+            &[],
+        )
         .unwrap()
         .get(0);
     assert_eq!(error, None);

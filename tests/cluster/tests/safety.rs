@@ -14,19 +14,29 @@ const COUNTER_BITS: u32 = 43;
 const ERA_SHIFT: u32 = 55;
 
 fn acquire(c: &mut Client, lock: &str, owner: &str) -> Option<i64> {
-    c.query_one("SELECT (lockext.lock_acquire($1, $2, '10 minutes')).fence_token", &[&lock, &owner])
-        .expect("lock_acquire")
-        .get(0)
+    c.query_one(
+        "SELECT (lockext.lock_acquire($1, $2, '10 minutes')).fence_token",
+        &[&lock, &owner],
+    )
+    .expect("lock_acquire")
+    .get(0)
 }
 
 /// Acquires `n` fresh locks, one autocommit call each; returns the acknowledged tokens.
 fn grant_many(c: &mut Client, prefix: &str, n: usize) -> Vec<i64> {
-    (0..n).map(|i| acquire(c, &format!("{prefix}-{i}"), "client").expect("fresh lock")).collect()
+    (0..n)
+        .map(|i| acquire(c, &format!("{prefix}-{i}"), "client").expect("fresh lock"))
+        .collect()
 }
 
 fn run(cmd: &mut Command) -> String {
     let out = cmd.output().expect("spawn");
-    assert!(out.status.success(), "{cmd:?}: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{cmd:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
@@ -39,20 +49,31 @@ fn crash_and_restart(cluster: &Cluster) -> Client {
     signal(cluster.postmaster_pid(), "KILL");
     let data = cluster.data();
     let log = cluster.log_path();
-    eventually(Duration::from_secs(60), "the server restarts after kill -9", || {
-        let started = Command::new("runuser")
-            .args(["-u", "postgres", "--", "sh", "-c"])
-            .arg(format!("{PG_BIN}/pg_ctl -D {} -l {} -w -t 20 start", data.display(), log.display()))
-            .output()
-            .map(|o| o.status.success())
-            .unwrap_or(false);
-        started.then_some(())
-    });
+    eventually(
+        Duration::from_secs(60),
+        "the server restarts after kill -9",
+        || {
+            let started = Command::new("runuser")
+                .args(["-u", "postgres", "--", "sh", "-c"])
+                .arg(format!(
+                    "{PG_BIN}/pg_ctl -D {} -l {} -w -t 20 start",
+                    data.display(),
+                    log.display()
+                ))
+                .output()
+                .map(|o| o.status.success())
+                .unwrap_or(false);
+            started.then_some(())
+        },
+    );
     cluster.reconnect(Duration::from_secs(30))
 }
 
 fn crash_keeps_tokens_rising(durability: &str) {
-    let cluster = Cluster::start(&format!("crash-{durability}"), &format!("lockext.durability = '{durability}'"));
+    let cluster = Cluster::start(
+        &format!("crash-{durability}"),
+        &format!("lockext.durability = '{durability}'"),
+    );
     let mut c = cluster.connect();
     // The session asks for asynchronous commits; grants must not lose their tokens anyway.
     c.batch_execute("SET synchronous_commit = off").unwrap();
@@ -68,14 +89,23 @@ fn crash_keeps_tokens_rising(durability: &str) {
         lowest_after >> COUNTER_BITS
     );
     assert!(lowest_after > highest_before);
-    assert!(lowest_after >> COUNTER_BITS > highest_before >> COUNTER_BITS, "a restart raises the epoch");
+    assert!(
+        lowest_after >> COUNTER_BITS > highest_before >> COUNTER_BITS,
+        "a restart raises the epoch"
+    );
 
     let survivors: i64 = c
-        .query_one("SELECT count(*) FROM lockext.locks WHERE lock_id LIKE 'pre-%'", &[])
+        .query_one(
+            "SELECT count(*) FROM lockext.locks WHERE lock_id LIKE 'pre-%'",
+            &[],
+        )
         .unwrap()
         .get(0);
     if durability == "grant" {
-        assert_eq!(survivors, 300, "every acknowledged grant survives the crash");
+        assert_eq!(
+            survivors, 300,
+            "every acknowledged grant survives the crash"
+        );
     } else {
         // epoch mode: a grant lost in the crash only ends that lease early.
         assert!(survivors <= 300);
@@ -97,16 +127,23 @@ fn crash_with_epoch_durability_still_never_repeats_a_token() {
 fn epoch_durability_is_refused_without_preload() {
     let cluster = Cluster::start("epoch-refused", "");
     let mut c = cluster.connect();
-    c.batch_execute("SET lockext.durability = epoch").expect("allowed where preloaded");
+    c.batch_execute("SET lockext.durability = epoch")
+        .expect("allowed where preloaded");
     let mode: String = c.query_one("SHOW lockext.durability", &[]).unwrap().get(0);
     assert_eq!(mode, "epoch", "allowed where preloaded");
 
     let plain = Cluster::start("epoch-refused-plain", "shared_preload_libraries = ''");
     let mut p = plain.connect();
     // Load the library in this backend (it is not preloaded), so the setting is defined.
-    p.batch_execute("SELECT * FROM lockext.token_parts(1)").unwrap();
-    let err = p.batch_execute("SET lockext.durability = epoch").expect_err("refused without preload");
-    let text = err.as_db_error().map(|e| format!("{} {:?}", e.message(), e.detail())).unwrap_or_default();
+    p.batch_execute("SELECT * FROM lockext.token_parts(1)")
+        .unwrap();
+    let err = p
+        .batch_execute("SET lockext.durability = epoch")
+        .expect_err("refused without preload");
+    let text = err
+        .as_db_error()
+        .map(|e| format!("{} {:?}", e.message(), e.detail()))
+        .unwrap_or_default();
     assert!(text.contains("shared_preload_libraries"), "{text}");
 }
 
@@ -119,8 +156,14 @@ fn standby_of(primary: &Cluster, name: &str) -> Cluster {
     let dir = PathBuf::from(format!("/tmp/lockext-tests/{name}-{port}"));
     let _ = fs::remove_dir_all(&dir);
     fs::create_dir_all(&dir).unwrap();
-    run(Command::new("chown").args(["-R", "postgres:postgres"]).arg(&dir));
-    let standby = Cluster { name: name.to_string(), port, dir };
+    run(Command::new("chown")
+        .args(["-R", "postgres:postgres"])
+        .arg(&dir));
+    let standby = Cluster {
+        name: name.to_string(),
+        port,
+        dir,
+    };
     as_postgres(&format!(
         "{PG_BIN}/pg_basebackup -D {} -h 127.0.0.1 -p {} -U postgres -R -X stream -c fast",
         standby.data().display(),
@@ -128,14 +171,19 @@ fn standby_of(primary: &Cluster, name: &str) -> Cluster {
     ));
     let conf = standby.data().join("postgresql.conf");
     let mut text = fs::read_to_string(&conf).unwrap();
-    text.push_str(&format!("\nport = {port}\nunix_socket_directories = '{}'\nhot_standby = on\n", standby.dir.display()));
+    text.push_str(&format!(
+        "\nport = {port}\nunix_socket_directories = '{}'\nhot_standby = on\n",
+        standby.dir.display()
+    ));
     fs::write(&conf, text).unwrap();
     standby.pg_ctl("start -w -t 60");
     standby
 }
 
 fn in_recovery(c: &mut Client) -> bool {
-    c.query_one("SELECT pg_is_in_recovery()", &[]).unwrap().get(0)
+    c.query_one("SELECT pg_is_in_recovery()", &[])
+        .unwrap()
+        .get(0)
 }
 
 #[test]
@@ -146,7 +194,10 @@ fn promoted_async_standby_mints_above_everything_the_old_primary_issued() {
     let standby = standby_of(&primary, "standby");
     let mut s = standby.connect();
     eventually(Duration::from_secs(30), "the standby catches up", || {
-        let n: i64 = s.query_one("SELECT count(*) FROM lockext.locks", &[]).ok()?.get(0);
+        let n: i64 = s
+            .query_one("SELECT count(*) FROM lockext.locks", &[])
+            .ok()?
+            .get(0);
         (n == 5).then_some(())
     });
 
@@ -166,12 +217,17 @@ fn promoted_async_standby_mints_above_everything_the_old_primary_issued() {
     // Failover: the standby comes up without its primary and is promoted.
     let auto = standby.data().join("postgresql.auto.conf");
     let text = fs::read_to_string(&auto).unwrap();
-    let kept: Vec<&str> = text.lines().filter(|l| !l.starts_with("primary_conninfo")).collect();
+    let kept: Vec<&str> = text
+        .lines()
+        .filter(|l| !l.starts_with("primary_conninfo"))
+        .collect();
     fs::write(&auto, kept.join("\n") + "\n").unwrap();
     standby.pg_ctl("start -w -t 60");
     standby.pg_ctl("promote -w -t 60");
     let mut s = standby.reconnect(Duration::from_secs(30));
-    eventually(Duration::from_secs(30), "the standby is promoted", || (!in_recovery(&mut s)).then_some(()));
+    eventually(Duration::from_secs(30), "the standby is promoted", || {
+        (!in_recovery(&mut s)).then_some(())
+    });
 
     let new = grant_many(&mut s, "new", 20);
     let lowest_new = *new.iter().min().unwrap();
@@ -180,22 +236,34 @@ fn promoted_async_standby_mints_above_everything_the_old_primary_issued() {
         highest_old >> ERA_SHIFT,
         lowest_new >> ERA_SHIFT
     );
-    assert!(lowest_new > highest_old, "every token of the new primary beats the lost ones");
+    assert!(
+        lowest_new > highest_old,
+        "every token of the new primary beats the lost ones"
+    );
 
     // The old primary, still running, can only mint lower tokens: a resource that has seen
     // a token of the new primary rejects its holders.
     let stale = acquire(&mut p, "old-side", "zombie").unwrap();
     assert!(stale < lowest_new);
     let accepted: bool = s
-        .query_one("SELECT lockext.fenced_update('account', $1, '{\"by\": \"new\"}')", &[&lowest_new])
+        .query_one(
+            "SELECT lockext.fenced_update('account', $1, '{\"by\": \"new\"}')",
+            &[&lowest_new],
+        )
         .unwrap()
         .get(0);
     assert!(accepted);
-    let highest_new: i64 = s.query_one("SELECT max(fence_token) FROM lockext.locks", &[]).unwrap().get(0);
+    let highest_new: i64 = s
+        .query_one("SELECT max(fence_token) FROM lockext.locks", &[])
+        .unwrap()
+        .get(0);
     assert!(stale < highest_new);
     // A write with the old primary's token is refused wherever the new token was seen.
     let refused: bool = s
-        .query_one("SELECT lockext.fenced_update('account', $1, '{\"by\": \"zombie\"}')", &[&stale])
+        .query_one(
+            "SELECT lockext.fenced_update('account', $1, '{\"by\": \"zombie\"}')",
+            &[&stale],
+        )
         .unwrap()
         .get(0);
     assert!(!refused);
@@ -207,21 +275,48 @@ fn dump_and_restore_bring_back_leases_marks_and_rising_tokens() {
     let mut c = cluster.connect();
     let tokens = grant_many(&mut c, "kept", 10);
     let highest_before = *tokens.iter().max().unwrap();
-    c.query_one("SELECT lockext.fenced_update('res', $1, '{\"v\": 1}')", &[&highest_before]).unwrap();
+    c.query_one(
+        "SELECT lockext.fenced_update('res', $1, '{\"v\": 1}')",
+        &[&highest_before],
+    )
+    .unwrap();
 
     let dump = cluster.dir.join("lockext.dump");
     let url = |db: &str| format!("-h 127.0.0.1 -p {} -U postgres -d {db}", cluster.port);
-    as_postgres(&format!("{PG_BIN}/pg_dump -Fc -f {} {}", dump.display(), url("postgres")));
+    as_postgres(&format!(
+        "{PG_BIN}/pg_dump -Fc -f {} {}",
+        dump.display(),
+        url("postgres")
+    ));
     c.batch_execute("CREATE DATABASE restored").unwrap();
-    as_postgres(&format!("{PG_BIN}/pg_restore --exit-on-error {} {}", url("restored"), dump.display()));
+    as_postgres(&format!(
+        "{PG_BIN}/pg_restore --exit-on-error {} {}",
+        url("restored"),
+        dump.display()
+    ));
 
     let mut r = cluster.connect_to("restored");
-    let leases: i64 = r.query_one("SELECT count(*) FROM lockext.locks WHERE lock_id LIKE 'kept-%'", &[]).unwrap().get(0);
+    let leases: i64 = r
+        .query_one(
+            "SELECT count(*) FROM lockext.locks WHERE lock_id LIKE 'kept-%'",
+            &[],
+        )
+        .unwrap()
+        .get(0);
     assert_eq!(leases, 10, "live leases come back");
-    let mark: i64 = r.query_one("SELECT fence_token FROM lockext.resources WHERE resource_id = 'res'", &[]).unwrap().get(0);
+    let mark: i64 = r
+        .query_one(
+            "SELECT fence_token FROM lockext.resources WHERE resource_id = 'res'",
+            &[],
+        )
+        .unwrap()
+        .get(0);
     assert_eq!(mark, highest_before, "the high-water mark comes back");
     let stale: bool = r
-        .query_one("SELECT lockext.fenced_update('res', $1, '{\"v\": 0}')", &[&(highest_before - 1)])
+        .query_one(
+            "SELECT lockext.fenced_update('res', $1, '{\"v\": 0}')",
+            &[&(highest_before - 1)],
+        )
         .unwrap()
         .get(0);
     assert!(!stale, "and still rejects older tokens");

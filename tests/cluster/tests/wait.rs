@@ -18,11 +18,18 @@ fn acquire(c: &mut Client, lock: &str, owner: &str, wait: &str) -> Option<i64> {
 }
 
 fn release(c: &mut Client, lock: &str, owner: &str) -> bool {
-    c.query_one("SELECT lockext.lock_release($1, $2)", &[&lock, &owner]).unwrap().get(0)
+    c.query_one("SELECT lockext.lock_release($1, $2)", &[&lock, &owner])
+        .unwrap()
+        .get(0)
 }
 
 fn waiting(c: &mut Client, lock: &str) -> i64 {
-    c.query_one("SELECT count(*) FROM lockext.waiters WHERE lock_id = $1", &[&lock]).unwrap().get(0)
+    c.query_one(
+        "SELECT count(*) FROM lockext.waiters WHERE lock_id = $1",
+        &[&lock],
+    )
+    .unwrap()
+    .get(0)
 }
 
 #[test]
@@ -37,12 +44,17 @@ fn a_waiter_is_woken_by_the_release_long_before_its_timeout() {
         let token = acquire(&mut c, "job", "waiter", "60 seconds");
         (token, started.elapsed())
     });
-    eventually(Duration::from_secs(10), "the waiter is queued", || (waiting(&mut holder, "job") == 1).then_some(()));
+    eventually(Duration::from_secs(10), "the waiter is queued", || {
+        (waiting(&mut holder, "job") == 1).then_some(())
+    });
     let released_at = Instant::now();
     assert!(release(&mut holder, "job", "holder"));
     let (token, waited) = waiter.join().unwrap();
     assert!(token.is_some(), "the waiter got the lock");
-    println!("hand-off: the waiter had the lock {:?} after the release", released_at.elapsed());
+    println!(
+        "hand-off: the waiter had the lock {:?} after the release",
+        released_at.elapsed()
+    );
     assert!(waited < Duration::from_secs(60), "woken before the timeout");
     assert_eq!(waiting(&mut holder, "job"), 0, "and left the queue");
 }
@@ -66,10 +78,15 @@ fn eight_waiters_are_served_in_arrival_order() {
             assert!(release(&mut c, "queue", &owner));
         }));
         // Arrival order is the order of queueing: wait until this one is in line.
-        eventually(Duration::from_secs(10), "waiter queued", || (waiting(&mut holder, "queue") == i + 1).then_some(()));
+        eventually(Duration::from_secs(10), "waiter queued", || {
+            (waiting(&mut holder, "queue") == i + 1).then_some(())
+        });
     }
     let positions: Vec<i64> = holder
-        .query("SELECT position FROM lockext.waiters WHERE lock_id = 'queue' ORDER BY waiting_since", &[])
+        .query(
+            "SELECT position FROM lockext.waiters WHERE lock_id = 'queue' ORDER BY waiting_since",
+            &[],
+        )
         .unwrap()
         .iter()
         .map(|r| r.get(0))
@@ -79,7 +96,10 @@ fn eight_waiters_are_served_in_arrival_order() {
     assert!(release(&mut holder, "queue", "holder"));
     let mut order = Vec::new();
     for _ in 0..8 {
-        order.push(rx.recv_timeout(Duration::from_secs(30)).expect("a waiter was served"));
+        order.push(
+            rx.recv_timeout(Duration::from_secs(30))
+                .expect("a waiter was served"),
+        );
     }
     for t in threads {
         t.join().unwrap();
@@ -97,15 +117,21 @@ fn queue_jumpers_are_refused_while_others_wait() {
         let mut c = Client::connect(&url, NoTls).unwrap();
         acquire(&mut c, "door", "patient", "60 seconds")
     });
-    eventually(Duration::from_secs(10), "queued", || (waiting(&mut holder, "door") == 1).then_some(()));
+    eventually(Duration::from_secs(10), "queued", || {
+        (waiting(&mut holder, "door") == 1).then_some(())
+    });
     // Release and try to snatch it at once in the same transaction (no commit in between:
     // the waiter cannot have been woken yet): the queue comes first.
     let mut jumper = cluster.connect();
     let mut tx = holder.transaction().unwrap();
-    tx.execute("SELECT lockext.lock_release('door', 'holder')", &[]).unwrap();
+    tx.execute("SELECT lockext.lock_release('door', 'holder')", &[])
+        .unwrap();
     tx.commit().unwrap();
     let snatched = acquire(&mut jumper, "door", "jumper", "0");
-    assert!(waiter.join().unwrap().is_some(), "the patient waiter is served");
+    assert!(
+        waiter.join().unwrap().is_some(),
+        "the patient waiter is served"
+    );
     assert_eq!(snatched, None, "the jumper was refused");
 }
 
@@ -119,23 +145,38 @@ fn a_waiting_backend_can_be_cancelled_and_leaves_the_queue() {
         let mut c = Client::connect(&url, NoTls).unwrap();
         let pid: i32 = c.query_one("SELECT pg_backend_pid()", &[]).unwrap().get(0);
         let err = c
-            .query_one("SELECT lockext.lock_acquire('job', 'waiter', '1 minute', wait => '60 seconds')", &[])
+            .query_one(
+                "SELECT lockext.lock_acquire('job', 'waiter', '1 minute', wait => '60 seconds')",
+                &[],
+            )
             .expect_err("cancelled");
         (pid, err.code().map(|c| c.code().to_string()))
     });
     let pid: i32 = eventually(Duration::from_secs(10), "queued", || {
-        holder.query_opt("SELECT pid FROM lockext.waiters WHERE lock_id = 'job'", &[]).unwrap().map(|r| r.get(0))
+        holder
+            .query_opt("SELECT pid FROM lockext.waiters WHERE lock_id = 'job'", &[])
+            .unwrap()
+            .map(|r| r.get(0))
     });
-    holder.execute("SELECT pg_cancel_backend($1)", &[&pid]).unwrap();
+    holder
+        .execute("SELECT pg_cancel_backend($1)", &[&pid])
+        .unwrap();
     let (_, code) = waiter.join().unwrap();
     assert_eq!(code.as_deref(), Some("57014"), "query_canceled");
-    assert_eq!(waiting(&mut holder, "job"), 0, "the cancelled waiter left the queue");
+    assert_eq!(
+        waiting(&mut holder, "job"),
+        0,
+        "the cancelled waiter left the queue"
+    );
 
     // statement_timeout ends a wait the same way.
     let mut c = cluster.connect();
     c.batch_execute("SET statement_timeout = '300ms'").unwrap();
     let err = c
-        .query_one("SELECT lockext.lock_acquire('job', 'impatient', '1 minute', wait => '60 seconds')", &[])
+        .query_one(
+            "SELECT lockext.lock_acquire('job', 'impatient', '1 minute', wait => '60 seconds')",
+            &[],
+        )
         .expect_err("statement timeout");
     assert_eq!(err.code().map(|c| c.code()), Some("57014"));
     assert_eq!(waiting(&mut holder, "job"), 0);
@@ -143,20 +184,28 @@ fn a_waiting_backend_can_be_cancelled_and_leaves_the_queue() {
 
 #[test]
 fn listeners_hear_only_committed_releases_take_overs_and_expiries() {
-    let cluster = Cluster::start("wait-notify", "lockext.notify = on\nlockext.reap_interval = '100ms'");
+    let cluster = Cluster::start(
+        "wait-notify",
+        "lockext.notify = on\nlockext.reap_interval = '100ms'",
+    );
     let mut listener = cluster.connect();
     listener.batch_execute("LISTEN lockext").unwrap();
     let mut c = cluster.connect();
     // A release that rolls back sends nothing; one that commits does.
     acquire(&mut c, "job", "A", "0").unwrap();
     let mut tx = c.transaction().unwrap();
-    tx.execute("SELECT lockext.lock_release('job', 'A')", &[]).unwrap();
+    tx.execute("SELECT lockext.lock_release('job', 'A')", &[])
+        .unwrap();
     tx.rollback().unwrap();
     assert!(release(&mut c, "job", "A"));
     // A take-over of an expired lease, and an expiry the reaper clears.
-    c.batch_execute("SELECT lockext.lock_acquire('short', 'A', '50 milliseconds')").unwrap();
+    c.batch_execute("SELECT lockext.lock_acquire('short', 'A', '50 milliseconds')")
+        .unwrap();
     thread::sleep(Duration::from_millis(80));
-    c.batch_execute("SET lockext.notify = on; SELECT lockext.lock_acquire('short', 'B', '50 milliseconds')").unwrap();
+    c.batch_execute(
+        "SET lockext.notify = on; SELECT lockext.lock_acquire('short', 'B', '50 milliseconds')",
+    )
+    .unwrap();
     let mut events = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(10);
     while events.len() < 3 && Instant::now() < deadline {

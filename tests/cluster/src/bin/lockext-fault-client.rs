@@ -59,12 +59,21 @@ fn config() -> Config {
     let args: HashMap<String, String> = std::env::args()
         .skip(1)
         .map(|a| {
-            let (k, v) = a.split_once('=').unwrap_or_else(|| panic!("argument {a:?} is not key=value"));
+            let (k, v) = a
+                .split_once('=')
+                .unwrap_or_else(|| panic!("argument {a:?} is not key=value"));
             (k.to_string(), v.to_string())
         })
         .collect();
-    let get = |k: &str| args.get(k).cloned().unwrap_or_else(|| panic!("missing argument {k}="));
-    let num = |k: &str, d: u64| args.get(k).map_or(d, |v| v.parse().unwrap_or_else(|e| panic!("{k}: {e}")));
+    let get = |k: &str| {
+        args.get(k)
+            .cloned()
+            .unwrap_or_else(|| panic!("missing argument {k}="))
+    };
+    let num = |k: &str, d: u64| {
+        args.get(k)
+            .map_or(d, |v| v.parse().unwrap_or_else(|e| panic!("{k}: {e}")))
+    };
     Config {
         url: get("url"),
         id: get("id"),
@@ -119,7 +128,10 @@ struct Session {
 }
 
 fn failed(e: &postgres::Error) -> Outcome {
-    Outcome::Failed { code: e.code().map(|c| c.code().to_string()), message: e.to_string() }
+    Outcome::Failed {
+        code: e.code().map(|c| c.code().to_string()),
+        message: e.to_string(),
+    }
 }
 
 impl Session {
@@ -130,7 +142,14 @@ impl Session {
             .open(&cfg.out)
             .unwrap_or_else(|e| panic!("open {}: {e}", cfg.out));
         let deadline = Instant::now() + Duration::from_millis(cfg.run_ms);
-        Session { cfg, client: None, out, seq: 0, writes: 0, deadline }
+        Session {
+            cfg,
+            client: None,
+            out,
+            seq: 0,
+            writes: 0,
+            deadline,
+        }
     }
 
     fn over(&self) -> bool {
@@ -167,7 +186,9 @@ impl Session {
 
     fn record(&mut self, mut op: Op) -> Op {
         op.end_us = now_us();
-        self.out.write_all(op.to_line().as_bytes()).expect("write history");
+        self.out
+            .write_all(op.to_line().as_bytes())
+            .expect("write history");
         op
     }
 
@@ -182,7 +203,10 @@ impl Session {
             token,
             start_us: now_us(),
             end_us: 0,
-            outcome: Outcome::Failed { code: None, message: "no connection".into() },
+            outcome: Outcome::Failed {
+                code: None,
+                message: "no connection".into(),
+            },
             durable: self.cfg.sync,
             srv_before: None,
             srv_after: None,
@@ -213,8 +237,16 @@ impl Session {
                 op.acquired_at = row.get(1);
                 op.expires_at = row.get(2);
                 op.srv_after = row.get(3);
-                op.outcome = if op.token.is_some() { Outcome::Ok } else { Outcome::Refused };
-                Some(op.token.map(|token| Grant { lock: lock.into(), owner: owner.into(), token }))
+                op.outcome = if op.token.is_some() {
+                    Outcome::Ok
+                } else {
+                    Outcome::Refused
+                };
+                Some(op.token.map(|token| Grant {
+                    lock: lock.into(),
+                    owner: owner.into(),
+                    token,
+                }))
             }
             Err(e) => {
                 op.outcome = failed(&e);
@@ -245,7 +277,11 @@ impl Session {
                 op.srv_before = row.get(0);
                 op.expires_at = row.get(1);
                 op.srv_after = row.get(2);
-                op.outcome = if op.expires_at.is_some() { Outcome::Ok } else { Outcome::Refused };
+                op.outcome = if op.expires_at.is_some() {
+                    Outcome::Ok
+                } else {
+                    Outcome::Refused
+                };
                 Some(op.expires_at.is_some())
             }
             Err(e) => {
@@ -275,7 +311,11 @@ impl Session {
                 op.srv_before = row.get(0);
                 let released: bool = row.get(1);
                 op.srv_after = row.get(2);
-                op.outcome = if released { Outcome::Ok } else { Outcome::Refused };
+                op.outcome = if released {
+                    Outcome::Ok
+                } else {
+                    Outcome::Refused
+                };
                 Some(released)
             }
             Err(e) => {
@@ -342,7 +382,11 @@ impl Session {
         })();
         let result = match res {
             Ok(accepted) => {
-                op.outcome = if accepted { Outcome::Ok } else { Outcome::Refused };
+                op.outcome = if accepted {
+                    Outcome::Ok
+                } else {
+                    Outcome::Refused
+                };
                 Some(accepted)
             }
             Err(e) => {
@@ -357,7 +401,9 @@ impl Session {
 
 fn say(line: &str) {
     let mut out = std::io::stdout().lock();
-    writeln!(out, "{line}").and_then(|_| out.flush()).expect("stdout");
+    writeln!(out, "{line}")
+        .and_then(|_| out.flush())
+        .expect("stdout");
 }
 
 fn worker(s: &mut Session, rng: &mut Rng) {
@@ -383,7 +429,11 @@ fn worker(s: &mut Session, rng: &mut Rng) {
             // A retry of the same acquire: the same grant comes back.
             s.acquire(&lock, &owner, ttl);
         }
-        let pause = if rng.pct(s.cfg.stale_pct) { ttl + 20 + rng.below(ttl) } else { rng.below(ttl / 4 + 1) };
+        let pause = if rng.pct(s.cfg.stale_pct) {
+            ttl + 20 + rng.below(ttl)
+        } else {
+            rng.below(ttl / 4 + 1)
+        };
         sleep(Duration::from_millis(pause));
         if s.write(&grant) == Some(true) && rng.pct(50) && s.renew(&grant, ttl) == Some(true) {
             sleep(Duration::from_millis(rng.below(ttl / 4 + 1)));
@@ -406,7 +456,10 @@ fn holder(s: &mut Session) {
             _ => sleep(Duration::from_millis(50)),
         }
     };
-    say(&format!("granted {} {} {}", grant.lock, grant.owner, grant.token));
+    say(&format!(
+        "granted {} {} {}",
+        grant.lock, grant.owner, grant.token
+    ));
     let mut round = 0u64;
     while !s.over() {
         round += 1;
@@ -430,7 +483,10 @@ fn pause_a(s: &mut Session) {
         say("refused");
         return;
     };
-    say(&format!("granted {} {} {}", grant.lock, grant.owner, grant.token));
+    say(&format!(
+        "granted {} {} {}",
+        grant.lock, grant.owner, grant.token
+    ));
     // Here the test stops this process; "go" was sent while it was stopped.
     let mut line = String::new();
     std::io::stdin().lock().read_line(&mut line).expect("stdin");
@@ -456,9 +512,15 @@ fn pause_b(s: &mut Session) {
             _ => sleep(Duration::from_millis(20)),
         }
     };
-    say(&format!("granted {} {} {}", grant.lock, grant.owner, grant.token));
+    say(&format!(
+        "granted {} {} {}",
+        grant.lock, grant.owner, grant.token
+    ));
     let w = s.write(&grant);
-    say(&format!("write {}", w.map_or("error".to_string(), |b| b.to_string())));
+    say(&format!(
+        "write {}",
+        w.map_or("error".to_string(), |b| b.to_string())
+    ));
     s.release(&grant);
 }
 
