@@ -32,8 +32,9 @@
 //! The counter is the sequence, 43 bits (8.8 * 10^12 grants); its MAXVALUE stops it there
 //! with an error (2200H): tokens never wrap. 255 eras, 1 048 575 epochs in all.
 //!
-//! Once the recorded epoch is seen committed under the current identity, it is cached:
-//! in shared memory when preloaded, per backend otherwise; the hot path is a compare.
+//! Once the recorded epoch is seen committed under the current identity, it is cached: in
+//! shared memory when preloaded (so other backends skip the table), and in each backend
+//! (so the hot path is a compare, with no lock taken).
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -133,28 +134,50 @@ fn boot_id() -> i64 {
         return 0;
     }
     let boot = BOOT.get();
-    let now = unsafe { pg_sys::GetCurrentTimestamp() } as u64;
-    match boot.compare_exchange(0, now, Ordering::AcqRel, Ordering::Acquire) {
-        Ok(_) => now as i64,
-        Err(existing) => existing as i64,
+    match boot.load(Ordering::Acquire) {
+        0 => {
+            let now = unsafe { pg_sys::GetCurrentTimestamp() } as u64;
+            match boot.compare_exchange(0, now, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => now as i64,
+                Err(existing) => existing as i64,
+            }
+        }
+        set => set as i64,
     }
 }
 
+/// The confirmed epoch of `identity`. An identity's confirmed epoch never changes (a raise
+/// comes with a new identity), so a backend keeps its own copy and asks shared memory, and
+/// its lock, only once per identity.
 fn cached(identity: &Identity) -> Option<i64> {
-    if settings::preloaded() {
+    if let Some(epoch) =
+        LOCAL.with(|l| l.get().filter(|c| c.identity == *identity).map(|c| c.epoch))
+    {
+        return Some(epoch);
+    }
+    if !settings::preloaded() {
+        return None;
+    }
+    let epoch = {
         let board = BOARD.share();
         board
             .slots
             .iter()
             .find(|c| c.identity == *identity)
             .map(|c| c.epoch)
-    } else {
-        LOCAL.with(|l| l.get().filter(|c| c.identity == *identity).map(|c| c.epoch))
-    }
+    }?;
+    LOCAL.with(|l| {
+        l.set(Some(Confirmed {
+            identity: *identity,
+            epoch,
+        }))
+    });
+    Some(epoch)
 }
 
 fn remember(identity: Identity, epoch: i64) {
     let entry = Confirmed { identity, epoch };
+    LOCAL.with(|l| l.set(Some(entry)));
     if settings::preloaded() {
         let mut board = BOARD.exclusive();
         let slot = board
@@ -164,8 +187,6 @@ fn remember(identity: Identity, epoch: i64) {
             .or_else(|| board.slots.iter().position(|c| c.identity.database == 0))
             .unwrap_or(identity.database as usize % SLOTS);
         board.slots[slot] = entry;
-    } else {
-        LOCAL.with(|l| l.set(Some(entry)));
     }
 }
 
