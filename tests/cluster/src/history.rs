@@ -283,7 +283,7 @@ impl History {
     }
 }
 
-/// A crash of the whole server: client clock when it was killed, and when the restarted
+/// A crash of the whole server: client clock once it was dead (after the kill), and when the restarted
 /// server accepted connections again.
 #[derive(Clone, Copy, Debug)]
 pub struct Restart {

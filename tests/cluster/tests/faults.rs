@@ -481,8 +481,10 @@ fn crash_of_the_whole_server_under_load() {
         );
     }
     sleep(Duration::from_millis(3000));
-    let kill_us = now_us();
     kill_server(&cluster);
+    // Taken once the server is dead, not before the kill: a reply can still reach a client
+    // while the signals are on their way, and it was acknowledged before the crash.
+    let kill_us = now_us();
     cluster.pg_ctl("start -w -t 60");
     let restarted_us = now_us();
     sleep(Duration::from_millis(3000));
@@ -671,7 +673,6 @@ fn reaper_killed_mid_round_no_live_lease_lost() {
             (n < 20000).then_some(n)
         },
     );
-    let kill_us = now_us();
     signal(old, "KILL");
     // The postmaster resets every backend, ours included.
     eventually(
@@ -679,6 +680,8 @@ fn reaper_killed_mid_round_no_live_lease_lost() {
         "the postmaster resets the backends",
         || c.simple_query("SELECT 1").is_err().then_some(()),
     );
+    // Taken once the backends are gone (see the crash scenario).
+    let kill_us = now_us();
     let mut c = cluster.reconnect(Duration::from_secs(30));
     let restarted_us = now_us();
     let new = eventually(Duration::from_secs(30), "a new reaper", || {
