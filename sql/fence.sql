@@ -21,6 +21,39 @@ BEGIN
     END IF;
 END $$;
 
+-- The reader's side, for holders of shared leases. Readers do not move the high-water mark
+-- (two readers' tokens must not fence each other out); a reader is refused once a writer
+-- with a newer token has written. The resource's row stays locked in share mode to the end
+-- of the reader's transaction, so the reads that follow see no writer's half-done work:
+-- a writer's fence waits for those transactions.
+--   BEGIN; SELECT lockext.fence_read('acct:42', $token); SELECT ... FROM accounts ...; COMMIT;
+CREATE FUNCTION lockext.fence_read(resource_id text, fence_token bigint) RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    mark bigint;
+BEGIN
+    IF resource_id IS NULL THEN
+        RAISE EXCEPTION 'resource_id must not be NULL' USING ERRCODE = '22004';
+    END IF;
+    PERFORM lockext.check_token(fence_token);
+    SELECT r.fence_token INTO mark FROM lockext.resources AS r
+     WHERE r.resource_id = fence_read.resource_id FOR SHARE;
+    IF mark > fence_token THEN
+        RAISE EXCEPTION 'fence token % is stale for resource "%"', fence_token, resource_id
+            USING ERRCODE = '55L01',
+                  DETAIL = format('A writer with fence token %s has written since.', mark),
+                  HINT = 'This client''s lease was lost: stop, and acquire the lock again.';
+    END IF;
+END $$;
+
+-- fence_read, then the document fenced_update stored (NULL when there is none).
+CREATE FUNCTION lockext.fenced_read(resource_id text, fence_token bigint) RETURNS jsonb
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM lockext.fence_read(resource_id, fence_token);
+    RETURN (SELECT r.data FROM lockext.resources AS r WHERE r.resource_id = fenced_read.resource_id);
+END $$;
+
 -- A trigger that keeps a fence per row of a user table:
 --   CREATE TRIGGER t_fence BEFORE INSERT OR UPDATE ON t
 --       FOR EACH ROW EXECUTE FUNCTION lockext.fence_guard('fence_token' [, 'resource id']);

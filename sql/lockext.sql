@@ -33,13 +33,42 @@ CREATE TABLE lockext.locks (
     application_name text,
     client_addr      inet,
     -- After an expiry without a release, the lock stays unavailable this much longer.
-    lock_delay  interval    NOT NULL DEFAULT '0'
+    lock_delay  interval    NOT NULL DEFAULT '0',
+    -- Set for a session-bound lease: when the backend taker_pid started. Pids are reused;
+    -- pid and start time together name one backend, and the lease ends with it.
+    session_start timestamptz
 );
 -- Autovacuum would otherwise truncate the emptied end of the table after mass expiries,
 -- taking an ACCESS EXCLUSIVE lock that every lock call would wait behind for a moment.
 ALTER TABLE lockext.locks SET (vacuum_truncate = false);
 -- The reaper's access path: expired leases, oldest first.
 CREATE INDEX locks_expires_at_idx ON lockext.locks (expires_at);
+-- The reaper's access path to session-bound leases, to find those whose backend is gone.
+CREATE INDEX locks_session_idx ON lockext.locks (taker_pid) WHERE session_start IS NOT NULL;
+
+-- Leases that share a lock id: shared (read) leases, and the permits of counting
+-- semaphores. One row per holder, each with a fence token of its own; the columns mean what
+-- they mean in lockext.locks. A shared lease has permits NULL; a permit records how many
+-- permits its semaphore has, which every live permit of one semaphore agrees on.
+CREATE TABLE lockext.shared_leases (
+    lock_id          text        NOT NULL,
+    owner            text        NOT NULL,
+    permits          integer     CHECK (permits > 0),
+    fence_token      bigint      NOT NULL,
+    holder_role      oid         NOT NULL,
+    acquired_at      timestamptz NOT NULL,
+    expires_at       timestamptz NOT NULL,
+    renewals         integer     NOT NULL DEFAULT 0,
+    taker_pid        integer,
+    application_name text,
+    client_addr      inet,
+    lock_delay       interval    NOT NULL DEFAULT '0',
+    session_start    timestamptz,
+    PRIMARY KEY (lock_id, owner)
+);
+ALTER TABLE lockext.shared_leases SET (vacuum_truncate = false);
+CREATE INDEX shared_leases_expires_at_idx ON lockext.shared_leases (expires_at);
+CREATE INDEX shared_leases_session_idx ON lockext.shared_leases (taker_pid) WHERE session_start IS NOT NULL;
 
 -- The token epoch (high bits of every token, see src/token.rs) and the identity of the
 -- history it was raised for. One row at most; none until the first grant.
@@ -65,12 +94,14 @@ CREATE TABLE lockext.resources (
 -- pg_dump skips extension members unless they are marked: without this a restore would
 -- bring back an empty token sequence and no high-water marks, and re-issue old tokens.
 SELECT pg_catalog.pg_extension_config_dump('lockext.locks', '');
+SELECT pg_catalog.pg_extension_config_dump('lockext.shared_leases', '');
 SELECT pg_catalog.pg_extension_config_dump('lockext.resources', '');
 SELECT pg_catalog.pg_extension_config_dump('lockext.fence_token_seq', '');
 SELECT pg_catalog.pg_extension_config_dump('lockext.token_epoch', '');
 
 -- Least privilege: nobody writes these tables but lockext's functions (SECURITY DEFINER).
 -- Reading them is harmless and useful to operators, so it is granted.
-REVOKE ALL ON lockext.locks, lockext.resources, lockext.token_epoch, lockext.fence_token_seq FROM PUBLIC;
-GRANT SELECT ON lockext.locks, lockext.resources, lockext.token_epoch TO PUBLIC;
+REVOKE ALL ON lockext.locks, lockext.shared_leases, lockext.resources, lockext.token_epoch,
+    lockext.fence_token_seq FROM PUBLIC;
+GRANT SELECT ON lockext.locks, lockext.shared_leases, lockext.resources, lockext.token_epoch TO PUBLIC;
 GRANT USAGE ON SCHEMA lockext TO PUBLIC;

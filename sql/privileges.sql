@@ -22,12 +22,16 @@ DECLARE
     f regprocedure;
 BEGIN
     FOREACH f IN ARRAY ARRAY[
-        'lockext.lock_acquire(text, text, interval, interval, interval)',
+        'lockext.lock_acquire(text, text, interval, interval, interval, text, integer, boolean)',
+        'lockext.lock_acquire_all(text[], text, interval, interval, text, boolean)',
+        'lockext.lock_release_all(text[], text)',
         'lockext.lock_renew(text, text, interval, bigint)',
         'lockext.lock_release(text, text, bigint)',
         'lockext.lock_check(text, bigint)',
         'lockext.fenced_update(text, bigint, jsonb)',
         'lockext.fence(text, bigint)',
+        'lockext.fence_read(text, bigint)',
+        'lockext.fenced_read(text, bigint)',
         'lockext.fence_advance(text, bigint)',
         'lockext.check_token(bigint)'
     ]::regprocedure[] LOOP

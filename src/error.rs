@@ -12,6 +12,9 @@ use pgrx::PgSqlErrorCode;
 /// keeps index entries small and tells a caller who passes a payload instead of a name.
 pub const MAX_ID_BYTES: usize = 256;
 
+/// Most permits a semaphore may have.
+pub const MAX_PERMITS: i32 = 1_000_000;
+
 /// Longest lease accepted. A lease is renewed by a live holder; a TTL longer than a day
 /// only keeps a dead client's lock from being cleaned up.
 pub const MAX_TTL_MICROS: i64 = 24 * 60 * 60 * 1_000_000;
@@ -57,6 +60,41 @@ pub enum LockError {
     #[error("the server clock reads a time outside the timestamptz range")]
     ClockOutOfRange,
 
+    #[error("mode must be 'exclusive' or 'shared', got '{mode}'")]
+    UnknownMode { mode: String },
+
+    #[error("permits must be between 1 and {MAX_PERMITS}, got {permits}")]
+    PermitsOutOfRange { permits: i32 },
+
+    #[error("a semaphore's permits are taken in mode 'exclusive', not 'shared'")]
+    SharedPermits,
+
+    #[error("semaphore \"{lock_id}\" has {has} permits, not {asked}")]
+    PermitsMismatch {
+        lock_id: String,
+        has: i32,
+        asked: i32,
+    },
+
+    #[error("\"{lock_id}\" is {is}, not {asked}")]
+    WrongKind {
+        lock_id: String,
+        is: &'static str,
+        asked: &'static str,
+    },
+
+    #[error("{arg} must not be empty")]
+    EmptyLockSet { arg: &'static str },
+
+    #[error("session-bound leases are off for this session (lockext.session_leases)")]
+    SessionLeasesOff,
+
+    #[error("too many shared leases and permits taken in one transaction")]
+    TooManyClaims,
+
+    #[error("lockext internal error: a grant has no {name}")]
+    MissingColumn { name: &'static str },
+
     #[error("lockext internal error: {0}")]
     Spi(#[from] SpiError),
 }
@@ -71,14 +109,22 @@ impl LockError {
             | LockError::TtlTooLong { .. }
             | LockError::DurationOutOfRange { .. }
             | LockError::TokenNotPositive { .. }
-            | LockError::TokenNeverIssued { .. } => ERRCODE_INVALID_PARAMETER_VALUE, // 22023
+            | LockError::TokenNeverIssued { .. }
+            | LockError::UnknownMode { .. }
+            | LockError::PermitsOutOfRange { .. }
+            | LockError::SharedPermits
+            | LockError::PermitsMismatch { .. }
+            | LockError::EmptyLockSet { .. } => ERRCODE_INVALID_PARAMETER_VALUE, // 22023
+            LockError::WrongKind { .. } => ERRCODE_WRONG_OBJECT_TYPE,         // 42809
+            LockError::SessionLeasesOff => ERRCODE_FEATURE_NOT_SUPPORTED,     // 0A000
+            LockError::TooManyClaims => ERRCODE_OUT_OF_MEMORY,                // 53200
             LockError::IdentifierTooLong { .. } => ERRCODE_STRING_DATA_RIGHT_TRUNCATION, // 22001
             LockError::ReadOnlyServer => ERRCODE_READ_ONLY_SQL_TRANSACTION,   // 25006
             LockError::WaitNeedsReadCommitted => ERRCODE_FEATURE_NOT_SUPPORTED, // 0A000
             LockError::ClockOutOfRange => ERRCODE_DATETIME_FIELD_OVERFLOW,    // 22008
             LockError::EpochModeNeedsPreload => ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE, // 55000
             LockError::EpochsExhausted => ERRCODE_SEQUENCE_GENERATOR_LIMIT_EXCEEDED, // 2200H
-            LockError::Spi(_) => ERRCODE_INTERNAL_ERROR,                      // XX000
+            LockError::Spi(_) | LockError::MissingColumn { .. } => ERRCODE_INTERNAL_ERROR, // XX000
         }
     }
 
@@ -101,6 +147,22 @@ impl LockError {
             LockError::EpochModeNeedsPreload => {
                 Some("Add lockext to shared_preload_libraries, or SET lockext.durability = grant.")
             }
+            LockError::PermitsMismatch { .. } => Some(
+                "Every acquire of a semaphore asks for the same number of permits while any \
+                 permit of it is held.",
+            ),
+            LockError::WrongKind { .. } => Some(
+                "A lock id is a lock (exclusive and shared leases) or a semaphore (permits), \
+                 not both at once.",
+            ),
+            LockError::SessionLeasesOff => Some(
+                "A DBA turned session-bound leases off, as for a role that connects through a \
+                 transaction-pooling PgBouncer, where the server session is not the client's. \
+                 Take a lease without session_bound, and renew it.",
+            ),
+            LockError::TooManyClaims => Some(
+                "Take fewer shared leases in one transaction, or raise max_locks_per_transaction.",
+            ),
             _ => None,
         }
     }

@@ -42,6 +42,8 @@ static HIGH_WATER_MARK: Statement = Statement {
 
 static LEASE_IS_LIVE: Statement = Statement {
     sql: "SELECT EXISTS (SELECT FROM lockext.locks \
+                          WHERE lock_id = $1 AND fence_token = $2 AND expires_at > clock_timestamp()) \
+              OR EXISTS (SELECT FROM lockext.shared_leases \
                           WHERE lock_id = $1 AND fence_token = $2 AND expires_at > clock_timestamp())",
     params: &[TEXTOID, INT8OID],
 };

@@ -1,17 +1,18 @@
 //! Leases: lock_acquire, lock_renew, lock_release.
 //!
-//! A lease is one row of `lockext.locks`. Unless a caller asks lock_acquire to wait (and
-//! then it waits in lockext's own queue, `wait.rs`), none of these functions ever waits for
-//! another transaction: a lease that someone else is in the middle of changing (an acquire
-//! or a release inside a transaction that is still open, the reaper deleting it) counts as
-//! not available, and the call answers at once. Row changes use `FOR UPDATE SKIP LOCKED`;
-//! the one change that has no row to lock yet, the first insert of a lock id, is claimed
-//! with a transaction-scoped lock that is only ever tried (`try_claim`).
+//! An exclusive lease is one row of `lockext.locks`; shared leases and semaphore permits
+//! are rows of `lockext.shared_leases` (`shared.rs`). Renew and release serve every kind.
+//!
+//! Unless a caller asks lock_acquire to wait (and then it waits in lockext's own queue,
+//! `wait.rs`), none of these functions ever waits for another transaction: a lease that
+//! someone else is in the middle of changing (an acquire or a release inside a transaction
+//! that is still open, the reaper deleting it) counts as not available, and the call
+//! answers at once. Every acquire first passes its lock id's gate, a transaction-scoped
+//! lock that is only ever tried (`claims.rs`); row changes use `FOR UPDATE SKIP LOCKED`.
 //!
 //! Time is the server's clock as `clock_timestamp()` reads it, taken once per call, so all
 //! the tests of one call agree on "now" even if the clock steps while it runs.
 
-use std::cell::Cell;
 use std::time::{Duration, Instant};
 
 use pgrx::datum::DatumWithOid;
@@ -19,21 +20,21 @@ use pgrx::pg_sys::{self, BuiltinOid::*};
 use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
 
+use crate::claims;
 use crate::commit;
 use crate::error::{self, LockError, OrReport};
+use crate::session;
 use crate::settings;
+use crate::shared;
 use crate::statements::{first_value, Statement};
 use crate::stats::{self, Counter};
 use crate::token::{self, mint_sql};
 use crate::wait;
 
-/// Marks lockext's claims among advisory locks in `pg_locks` (objsubid 19531, "LK"); the
-/// built-in advisory functions use 1 and 2, so the two never collide.
-const CLAIM_TAG: u16 = 0x4C4B;
-
 // Parameters shared by the acquire statements: $1 lock_id, $2 owner, $3 calling role,
-// $4 ttl, $5 now, $6 token epoch, $7 the new grant's lock-delay.
-const ACQUIRE_PARAMS: &[pg_sys::PgBuiltInOids] = &[
+// $4 ttl, $5 now, $6 token epoch, $7 the new grant's lock-delay, $8 the session the lease
+// is bound to (NULL: none), $9 the semaphore's permits (shared_leases only).
+pub(crate) const ACQUIRE_PARAMS: &[pg_sys::PgBuiltInOids] = &[
     TEXTOID,
     TEXTOID,
     OIDOID,
@@ -41,14 +42,66 @@ const ACQUIRE_PARAMS: &[pg_sys::PgBuiltInOids] = &[
     TIMESTAMPTZOID,
     INT8OID,
     INTERVALOID,
+    TIMESTAMPTZOID,
+    INT4OID,
 ];
 
-// Is the lock held by someone else (live, or expired but within its lock-delay), and if
-// so, in how many milliseconds will it be free unless renewed?
+/// Milliseconds from now ($5) to a time, for a waiter's nap.
+macro_rules! ms_until {
+    ($t:literal) => {
+        concat!("(extract(epoch FROM ", $t, " - $5) * 1000)::bigint")
+    };
+}
+pub(crate) use ms_until;
+
+/// What an acquire sets on the lease it grants, in either lease table; `c` is the row it
+/// took, with `same_grant` when that is the caller's own live lease.
+macro_rules! grant_sets {
+    () => {
+        concat!(
+            "owner = $2, holder_role = $3, \
+             fence_token = CASE WHEN c.same_grant THEN l.fence_token ELSE ",
+            mint_sql!(),
+            " END, \
+             acquired_at = CASE WHEN c.same_grant THEN l.acquired_at ELSE $5 END, \
+             expires_at = $5 + $4, \
+             renewals = CASE WHEN c.same_grant THEN l.renewals + 1 ELSE 0 END, \
+             lock_delay = $7, session_start = $8, \
+             taker_pid = pg_backend_pid(), \
+             application_name = current_setting('application_name'), \
+             client_addr = inet_client_addr()"
+        )
+    };
+}
+pub(crate) use grant_sets;
+
+/// What an acquire statement returns: the grant, whether it minted a token, the token it
+/// replaced (a take-over) and the new one.
+macro_rules! grant_returning {
+    () => {
+        " RETURNING ROW(l.lock_id, l.owner, l.fence_token, l.acquired_at, l.expires_at)::lockext.lock_grant, "
+    };
+}
+pub(crate) use grant_returning;
+
+// Read under the newest snapshot (`Statement::read_latest`), after passing the gate. Is
+// the lock held by someone else (live, or expired but within its lock-delay), and how
+// soon will it be free unless renewed? Do shared leases or permits hold it, and until when?
 static PEEK: Statement = Statement {
-    sql: "SELECT expires_at + lock_delay > $5 AND NOT (owner = $2 AND holder_role = $3), \
-                 (extract(epoch FROM expires_at + lock_delay - $5) * 1000)::bigint \
-            FROM lockext.locks WHERE lock_id = $1",
+    sql: concat!(
+        "SELECT x.held, x.free_ms, s.until_ms, s.semaphore \
+           FROM (SELECT) AS one \
+           LEFT JOIN LATERAL ( \
+                SELECT expires_at + lock_delay > $5 AND NOT (owner = $2 AND holder_role = $3) AS held, ",
+        ms_until!("expires_at + lock_delay"),
+        " AS free_ms FROM lockext.locks WHERE lock_id = $1) AS x ON true \
+           CROSS JOIN LATERAL ( \
+                SELECT ",
+        ms_until!("max(expires_at + lock_delay)"),
+        " AS until_ms, bool_or(permits IS NOT NULL) AS semaphore \
+                  FROM lockext.shared_leases \
+                 WHERE lock_id = $1 AND expires_at + lock_delay > $5) AS s"
+    ),
     params: ACQUIRE_PARAMS,
 };
 
@@ -56,27 +109,17 @@ static PEEK: Statement = Statement {
 // token). Either way in place: there is no moment at which the lock id has no row.
 static TAKE_OVER: Statement = Statement {
     sql: concat!(
-        "UPDATE lockext.locks AS l \
-            SET owner = $2, holder_role = $3, \
-                fence_token = CASE WHEN c.same_grant THEN l.fence_token ELSE ",
-        mint_sql!(),
-        " END, \
-                acquired_at = CASE WHEN c.same_grant THEN l.acquired_at ELSE $5 END, \
-                expires_at = $5 + $4, \
-                renewals = CASE WHEN c.same_grant THEN l.renewals + 1 ELSE 0 END, \
-                lock_delay = $7, \
-                taker_pid = pg_backend_pid(), \
-                application_name = current_setting('application_name'), \
-                client_addr = inet_client_addr() \
-           FROM (SELECT lock_id, fence_token AS old_token, \
+        "UPDATE lockext.locks AS l SET ",
+        grant_sets!(),
+        " FROM (SELECT lock_id, fence_token AS old_token, \
                         expires_at > $5 AND owner = $2 AND holder_role = $3 AS same_grant \
                    FROM lockext.locks \
                   WHERE lock_id = $1 \
                     AND (expires_at + lock_delay <= $5 OR (owner = $2 AND holder_role = $3)) \
                     FOR UPDATE SKIP LOCKED) AS c \
-          WHERE l.lock_id = c.lock_id \
-         RETURNING ROW(l.lock_id, l.owner, l.fence_token, l.acquired_at, l.expires_at)::lockext.lock_grant, \
-                   NOT c.same_grant, c.old_token, l.fence_token"
+          WHERE l.lock_id = c.lock_id",
+        grant_returning!(),
+        "NOT c.same_grant, c.old_token, l.fence_token"
     ),
     params: ACQUIRE_PARAMS,
 };
@@ -84,50 +127,91 @@ static TAKE_OVER: Statement = Statement {
 static INSERT_NEW: Statement = Statement {
     sql: concat!(
         "INSERT INTO lockext.locks AS l \
-                (lock_id, owner, holder_role, fence_token, acquired_at, expires_at, \
-                 renewals, lock_delay, taker_pid, application_name, client_addr) \
+                (lock_id, owner, holder_role, fence_token, acquired_at, expires_at, renewals, \
+                 lock_delay, session_start, taker_pid, application_name, client_addr) \
          VALUES ($1, $2, $3, ",
         mint_sql!(),
-        ", $5, $5 + $4, 0, $7, pg_backend_pid(), current_setting('application_name'), inet_client_addr()) \
-         ON CONFLICT (lock_id) DO NOTHING \
-         RETURNING ROW(l.lock_id, l.owner, l.fence_token, l.acquired_at, l.expires_at)::lockext.lock_grant, \
-                   true, NULL::bigint, l.fence_token"
+        ", $5, $5 + $4, 0, $7, $8, pg_backend_pid(), current_setting('application_name'), \
+           inet_client_addr()) \
+         ON CONFLICT (lock_id) DO NOTHING",
+        grant_returning!(),
+        "true, NULL::bigint, l.fence_token"
     ),
     params: ACQUIRE_PARAMS,
 };
 
-static RENEW: Statement = Statement {
-    sql: "UPDATE lockext.locks AS l SET expires_at = $5 + $4, renewals = l.renewals + 1 \
-            FROM (SELECT lock_id FROM lockext.locks \
-                   WHERE lock_id = $1 AND owner = $2 AND expires_at > $5 \
-                     AND (holder_role = $3 OR pg_has_role($3, 'lockext_admin', 'MEMBER')) \
-                     AND ($6::bigint IS NULL OR fence_token = $6) \
-                     FOR UPDATE SKIP LOCKED) AS c \
-           WHERE l.lock_id = c.lock_id \
-          RETURNING l.expires_at",
-    params: &[
-        TEXTOID,
-        TEXTOID,
-        OIDOID,
-        INTERVALOID,
-        TIMESTAMPTZOID,
-        INT8OID,
-    ],
-};
+// Renew and release find the caller's lease by lock id and owner, in either table.
+macro_rules! renew_sql {
+    ($table:literal) => {
+        concat!(
+            "UPDATE ",
+            $table,
+            " AS l SET expires_at = $5 + $4, renewals = l.renewals + 1 \
+               FROM (SELECT lock_id, owner FROM ",
+            $table,
+            " \
+                      WHERE lock_id = $1 AND owner = $2 AND expires_at > $5 \
+                        AND (holder_role = $3 OR pg_has_role($3, 'lockext_admin', 'MEMBER')) \
+                        AND ($6::bigint IS NULL OR fence_token = $6) \
+                        FOR UPDATE SKIP LOCKED) AS c \
+              WHERE l.lock_id = c.lock_id AND l.owner = c.owner \
+             RETURNING l.expires_at"
+        )
+    };
+}
+
+const RENEW_PARAMS: &[pg_sys::PgBuiltInOids] = &[
+    TEXTOID,
+    TEXTOID,
+    OIDOID,
+    INTERVALOID,
+    TIMESTAMPTZOID,
+    INT8OID,
+];
+static RENEW: [Statement; 2] = [
+    Statement {
+        sql: renew_sql!("lockext.locks"),
+        params: RENEW_PARAMS,
+    },
+    Statement {
+        sql: renew_sql!("lockext.shared_leases"),
+        params: RENEW_PARAMS,
+    },
+];
 
 // Deletes the caller's row whether or not it has expired (that is only cleanup), and
 // reports whether the lease was still live: only then did the caller hold the lock.
-static RELEASE: Statement = Statement {
-    sql: "DELETE FROM lockext.locks AS l \
-           USING (SELECT lock_id, expires_at > $4 AS live FROM lockext.locks \
-                   WHERE lock_id = $1 AND owner = $2 \
-                     AND (holder_role = $3 OR pg_has_role($3, 'lockext_admin', 'MEMBER')) \
-                     AND ($5::bigint IS NULL OR fence_token = $5) \
-                     FOR UPDATE SKIP LOCKED) AS c \
-           WHERE l.lock_id = c.lock_id \
-          RETURNING c.live, l.fence_token",
-    params: &[TEXTOID, TEXTOID, OIDOID, TIMESTAMPTZOID, INT8OID],
-};
+macro_rules! release_sql {
+    ($table:literal) => {
+        concat!(
+            "DELETE FROM ",
+            $table,
+            " AS l \
+              USING (SELECT lock_id, owner, expires_at > $4 AS live FROM ",
+            $table,
+            " \
+                      WHERE lock_id = $1 AND owner = $2 \
+                        AND (holder_role = $3 OR pg_has_role($3, 'lockext_admin', 'MEMBER')) \
+                        AND ($5::bigint IS NULL OR fence_token = $5) \
+                        FOR UPDATE SKIP LOCKED) AS c \
+              WHERE l.lock_id = c.lock_id AND l.owner = c.owner \
+             RETURNING c.live, l.fence_token"
+        )
+    };
+}
+
+const RELEASE_PARAMS: &[pg_sys::PgBuiltInOids] =
+    &[TEXTOID, TEXTOID, OIDOID, TIMESTAMPTZOID, INT8OID];
+static RELEASE: [Statement; 2] = [
+    Statement {
+        sql: release_sql!("lockext.locks"),
+        params: RELEASE_PARAMS,
+    },
+    Statement {
+        sql: release_sql!("lockext.shared_leases"),
+        params: RELEASE_PARAMS,
+    },
+];
 
 // NOTIFY lockext '{"event": ..., "lock_id": ..., "fence_token": ..., ...}', sent at commit.
 static NOTIFY: Statement = Statement {
@@ -136,11 +220,103 @@ static NOTIFY: Statement = Statement {
     params: &[TEXTOID, TEXTOID, INT8OID, INT8OID],
 };
 
-type Grant = pgrx::composite_type!('static, "lock_grant");
+pub type Grant = pgrx::composite_type!('static, "lock_grant");
 
-/// Takes the lock `lock_id` for `owner` for `ttl`, waiting up to `wait` for it; NULL if a
-/// live lease still holds it. `lock_delay` (default: the lockext.lock_delay setting) keeps
-/// the lock unavailable that long after this grant's lease expires without a release.
+/// What kind of lease an acquire asks for.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Exclusive,
+    Shared,
+    Semaphore(i32),
+}
+
+impl Kind {
+    /// From lock_acquire's `mode` and `permits`; NULL means the default, as for `wait`.
+    pub fn parse(mode: Option<&str>, permits: Option<i32>) -> Result<Kind, LockError> {
+        let shared = match mode.unwrap_or("exclusive") {
+            "exclusive" => false,
+            "shared" => true,
+            other => {
+                return Err(LockError::UnknownMode {
+                    mode: other.to_string(),
+                })
+            }
+        };
+        match permits {
+            None if shared => Ok(Kind::Shared),
+            None => Ok(Kind::Exclusive),
+            Some(permits) if !(1..=error::MAX_PERMITS).contains(&permits) => {
+                Err(LockError::PermitsOutOfRange { permits })
+            }
+            Some(_) if shared => Err(LockError::SharedPermits),
+            Some(permits) => Ok(Kind::Semaphore(permits)),
+        }
+    }
+}
+
+/// A validated acquire: everything but the lock id is checked once, so that a set of locks
+/// (`sets.rs`) shares it.
+#[derive(Clone, Copy)]
+pub struct Request<'a> {
+    pub lock_id: &'a str,
+    pub owner: &'a str,
+    pub ttl: Interval,
+    pub wait: Duration,
+    pub lock_delay: Duration,
+    pub kind: Kind,
+    pub session: Option<TimestampWithTimeZone>,
+}
+
+impl<'a> Request<'a> {
+    #[allow(clippy::too_many_arguments)]
+    pub fn validate(
+        lock_id: &'a str,
+        owner: Option<&'a str>,
+        ttl: Option<Interval>,
+        wait: Option<Interval>,
+        lock_delay: Option<Interval>,
+        mode: Option<&str>,
+        permits: Option<i32>,
+        session_bound: Option<bool>,
+    ) -> Result<Request<'a>, LockError> {
+        let owner = error::identifier("owner", owner)?;
+        let ttl = error::ttl(ttl)?;
+        // NULL waits no more than the default does: not at all.
+        let wait = match wait {
+            None => Duration::ZERO,
+            some => error::duration("wait", some)?,
+        };
+        let lock_delay = match lock_delay {
+            None => Duration::from_millis(settings::LOCK_DELAY_MS.get() as u64),
+            some => error::duration("lock_delay", some)?,
+        };
+        let kind = Kind::parse(mode, permits)?;
+        error::writable_server()?;
+        if !wait.is_zero() && unsafe { pg_sys::XactIsoLevel } > pg_sys::XACT_READ_COMMITTED as i32 {
+            return Err(LockError::WaitNeedsReadCommitted);
+        }
+        let session = match session_bound {
+            Some(true) => Some(session::bind()?),
+            _ => None,
+        };
+        Ok(Request {
+            lock_id,
+            owner,
+            ttl,
+            wait,
+            lock_delay,
+            kind,
+            session,
+        })
+    }
+}
+
+/// Takes the lock `lock_id` for `owner` for `ttl`, waiting up to `wait` for it; NULL if
+/// it is not available. `lock_delay` (default: the lockext.lock_delay setting) keeps the
+/// lock unavailable that long after this grant's lease expires without a release. `mode`
+/// 'shared' takes one of many shared (read) leases; `permits` takes one permit of a
+/// semaphore with that many; `session_bound` also ends the lease when this session does.
+#[allow(clippy::too_many_arguments)]
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
 fn lock_acquire(
@@ -149,8 +325,25 @@ fn lock_acquire(
     ttl: Option<Interval>,
     wait: default!(Option<Interval>, "'0 seconds'"),
     lock_delay: default!(Option<Interval>, "NULL"),
+    mode: default!(Option<&str>, "'exclusive'"),
+    permits: default!(Option<i32>, "NULL"),
+    session_bound: default!(Option<bool>, "false"),
 ) -> Option<pgrx::composite_type!('static, "lock_grant")> {
-    acquire(lock_id, owner, ttl, wait, lock_delay).or_report()
+    (|| {
+        let lock_id = error::identifier("lock_id", lock_id)?;
+        let request = Request::validate(
+            lock_id,
+            owner,
+            ttl,
+            wait,
+            lock_delay,
+            mode,
+            permits,
+            session_bound,
+        )?;
+        acquire(&request)
+    })()
+    .or_report()
 }
 
 /// Extends the caller's live lease to now + `ttl`; NULL when the caller holds none.
@@ -176,43 +369,27 @@ fn lock_release(
     release(lock_id, owner, fence_token).or_report()
 }
 
-pub fn acquire(
-    lock_id: Option<&str>,
-    owner: Option<&str>,
-    ttl: Option<Interval>,
-    wait: Option<Interval>,
-    lock_delay: Option<Interval>,
-) -> Result<Option<Grant>, LockError> {
+pub fn acquire(request: &Request<'_>) -> Result<Option<Grant>, LockError> {
     let _timer = stats::AcquireTimer::start();
-    let lock_id = error::identifier("lock_id", lock_id)?;
-    let owner = error::identifier("owner", owner)?;
-    let ttl = error::ttl(ttl)?;
-    // NULL waits no more than the default does: not at all.
-    let wait = match wait {
-        None => Duration::ZERO,
-        some => error::duration("wait", some)?,
+    let permits = match request.kind {
+        Kind::Semaphore(n) => Some(n),
+        _ => None,
     };
-    let lock_delay = match lock_delay {
-        None => Duration::from_millis(settings::LOCK_DELAY_MS.get() as u64),
-        some => error::duration("lock_delay", some)?,
-    };
-    error::writable_server()?;
-    if !wait.is_zero() && unsafe { pg_sys::XactIsoLevel } > pg_sys::XACT_READ_COMMITTED as i32 {
-        return Err(LockError::WaitNeedsReadCommitted);
-    }
     let mut args = [
-        DatumWithOid::from(lock_id),
-        owner.into(),
+        DatumWithOid::from(request.lock_id),
+        request.owner.into(),
         calling_role().into(),
-        ttl.into(),
+        request.ttl.into(),
         server_now()?.into(),
         DatumWithOid::null::<i64>(), // the epoch, known once a grant is likely
-        micros_interval(lock_delay).into(),
+        micros_interval(request.lock_delay).into(),
+        request.session.into(),
+        permits.into(),
     ];
-    let granted = if wait.is_zero() {
-        attempt(lock_id, &mut args, 0)?.0
+    let granted = if request.wait.is_zero() {
+        attempt(request, &mut args, 0)?.0
     } else {
-        wait_for(lock_id, &mut args, Instant::now() + wait)?
+        wait_for(request, &mut args, Instant::now() + request.wait)?
     };
     let Some(Granted {
         grant,
@@ -229,27 +406,33 @@ pub fn acquire(
         token::after_mint();
     }
     stats::count(Counter::AcquiresGranted);
+    if request.kind != Kind::Exclusive {
+        // Shared leases and permits are many: the next in line may be free to take one too.
+        wait::wake_head_at_commit(request.lock_id);
+    }
     if took_over {
         stats::count(Counter::TakeOvers);
-        notify("taken_over", lock_id, token, previous_token)?;
+        notify("taken_over", request.lock_id, token, previous_token)?;
     }
     Ok(Some(grant))
 }
 
+pub type Args<'a> = [DatumWithOid<'a>; 9];
+
 /// Queues for the lock and tries each time it is woken (or its nap ends), until the
 /// deadline. The server clock in `args` is read again before each try.
 fn wait_for(
-    lock_id: &str,
-    args: &mut [DatumWithOid<'_>; 7],
+    request: &Request<'_>,
+    args: &mut Args<'_>,
     deadline: Instant,
 ) -> Result<Option<Granted>, LockError> {
-    let ticket = wait::Ticket::take(lock_id);
+    let ticket = wait::Ticket::take(request.lock_id);
     let mut nap = Duration::ZERO;
     loop {
         let mut free_in = None;
         if ticket.is_head() {
             args[4] = server_now()?.into();
-            let (granted, until_free) = attempt(lock_id, args, ticket.number())?;
+            let (granted, until_free) = attempt(request, args, ticket.number())?;
             if granted.is_some() {
                 return Ok(granted);
             }
@@ -266,64 +449,145 @@ fn wait_for(
     }
 }
 
-/// One try at the lock. Returns the grant, or none and, when the lock is held, how soon it
-/// will be free unless its holder renews.
-fn attempt(
-    lock_id: &str,
-    args: &mut [DatumWithOid<'_>; 7],
-    ticket: u64,
-) -> Result<(Option<Granted>, Option<Duration>), LockError> {
-    if wait::others_ahead(lock_id, ticket) {
-        return Ok((None, None)); // callers queue for this lock: no jumping the queue
+/// What one try came to: the grant, or none and, when the lock is held, how soon it will be
+/// free unless its holders renew.
+pub type Attempt = (Option<Granted>, Option<Duration>);
+
+/// One try at the lock, through its gate (`claims.rs`).
+fn attempt(request: &Request<'_>, args: &mut Args<'_>, ticket: u64) -> Result<Attempt, LockError> {
+    let mode = match request.kind {
+        Kind::Shared => claims::Mode::Shared,
+        _ => claims::Mode::Exclusive,
+    };
+    // No jumping the queue of callers waiting for this lock, and no passing the gate while
+    // a conflicting acquire is in flight...
+    let gate = if wait::others_ahead(request.lock_id, ticket) {
+        None
+    } else {
+        claims::try_gate(request.lock_id, mode)?
+    };
+    let Some(gate) = gate else {
+        // ...except for a holder asking again (a retry after a lost reply): it gets its
+        // live grant back, which changes no one's chances.
+        return Ok((
+            Spi::connect_mut(|client| extend_own(client, request, args))?,
+            None,
+        ));
+    };
+    let tried = Spi::connect_mut(|client| match request.kind {
+        Kind::Exclusive => attempt_exclusive(client, request, args),
+        _ => shared::attempt(client, request, args),
+    })?;
+    if tried.0.is_none() {
+        gate.reopen();
     }
-    Spi::connect_mut(|client| {
-        let (held_by_other, free_in_ms) = peek(client, args)?;
-        if held_by_other == Some(true) {
-            let free_in = free_in_ms.map(|ms| Duration::from_millis(ms.max(0) as u64));
-            return Ok((None, free_in)); // a live lease of someone else's
-        }
-        args[5] = token::prepare_to_mint(client)?.into();
-        let granted = match held_by_other {
-            Some(_) => take_over(client, &args[..])?,
-            None if !try_claim(lock_id) => None, // being created right now
-            None => match grant_row(INSERT_NEW.run(client, &args[..])?)? {
-                Some(grant) => Some(grant),
-                None => take_over(client, &args[..])?, // created since we looked
-            },
-        };
-        Ok((granted, None))
-    })
+    Ok(tried)
 }
 
-fn peek(
+// Extends the caller's own live lease, the same grant; never takes anything new.
+macro_rules! extend_sql {
+    ($table:literal) => {
+        concat!(
+            "UPDATE ", $table, " AS l SET ",
+            grant_sets!(),
+            " FROM (SELECT lock_id, owner, fence_token AS old_token, true AS same_grant \
+                      FROM ", $table, " \
+                     WHERE lock_id = $1 AND owner = $2 AND holder_role = $3 AND expires_at > $5 \
+                       FOR UPDATE SKIP LOCKED) AS c \
+              WHERE l.lock_id = c.lock_id AND l.owner = c.owner",
+            grant_returning!(),
+            "false, c.old_token, l.fence_token"
+        )
+    };
+}
+
+static EXTEND: [Statement; 2] = [
+    Statement {
+        sql: extend_sql!("lockext.locks"),
+        params: ACQUIRE_PARAMS,
+    },
+    Statement {
+        sql: extend_sql!("lockext.shared_leases"),
+        params: ACQUIRE_PARAMS,
+    },
+];
+
+fn extend_own(
     client: &mut SpiClient<'_>,
-    args: &[DatumWithOid<'_>],
-) -> Result<(Option<bool>, Option<i64>), LockError> {
-    let rows = PEEK.run(client, args)?;
-    if rows.is_empty() {
-        return Ok((None, None));
-    }
-    let row = rows.first();
-    Ok((row.get::<bool>(1)?, row.get::<i64>(2)?))
-}
-
-struct Granted {
-    grant: Grant,
-    minted: bool,
-    took_over: bool, // an expired lease taken over in place
-    previous_token: Option<i64>,
-    token: i64,
-}
-
-fn take_over(
-    client: &mut SpiClient<'_>,
-    args: &[DatumWithOid<'_>],
+    request: &Request<'_>,
+    args: &Args<'_>,
 ) -> Result<Option<Granted>, LockError> {
-    let granted = grant_row(TAKE_OVER.run(client, args)?)?;
-    Ok(granted.map(|g| Granted {
-        took_over: g.minted,
-        ..g
-    }))
+    let table = usize::from(request.kind != Kind::Exclusive);
+    grant_row(EXTEND[table].run(client, &args[..])?)
+}
+
+fn attempt_exclusive(
+    client: &mut SpiClient<'_>,
+    request: &Request<'_>,
+    args: &mut Args<'_>,
+) -> Result<Attempt, LockError> {
+    let Some(peek) = PEEK.read_latest(&args[..]) else {
+        return Ok((None, None));
+    };
+    if peek.get::<bool>(4) == Some(true) {
+        return Err(LockError::WrongKind {
+            lock_id: request.lock_id.to_string(),
+            is: "a semaphore",
+            asked: "a lock",
+        });
+    }
+    if let Some(ms) = peek.get::<i64>(3) {
+        return Ok((None, Some(millis(ms)))); // shared leases hold it
+    }
+    let held_by_other = peek.get::<bool>(1);
+    if held_by_other == Some(true) {
+        return Ok((None, peek.get::<i64>(2).map(millis))); // a live lease of someone else's
+    }
+    args[5] = token::prepare_to_mint(client)?.into();
+    let granted = take(
+        client,
+        &args[..],
+        held_by_other.is_some(),
+        &TAKE_OVER,
+        &INSERT_NEW,
+    )?;
+    Ok((
+        granted.map(|g| Granted {
+            took_over: g.minted && held_by_other.is_some(),
+            ..g
+        }),
+        None,
+    ))
+}
+
+/// Takes over the lease row if there is one, or inserts it. An insert that finds the row
+/// created since the look takes that over instead.
+pub fn take(
+    client: &mut SpiClient<'_>,
+    args: &[DatumWithOid<'_>],
+    row_exists: bool,
+    take_over: &'static Statement,
+    insert: &'static Statement,
+) -> Result<Option<Granted>, LockError> {
+    if row_exists {
+        return grant_row(take_over.run(client, args)?);
+    }
+    match grant_row(insert.run(client, args)?)? {
+        Some(grant) => Ok(Some(grant)),
+        None => grant_row(take_over.run(client, args)?),
+    }
+}
+
+pub fn millis(ms: i64) -> Duration {
+    Duration::from_millis(ms.max(0) as u64)
+}
+
+pub struct Granted {
+    pub grant: Grant,
+    pub minted: bool,
+    pub took_over: bool, // an expired lease of someone else's taken over in place
+    pub previous_token: Option<i64>,
+    pub token: i64,
 }
 
 /// The grant from an acquire statement's RETURNING, if any.
@@ -369,7 +633,14 @@ pub fn renew(
         fence_token.into(),
     ];
     let only_leases = commit::only_leases_so_far();
-    let renewed = Spi::connect_mut(|client| first_value(RENEW.run(client, &args)?))?;
+    let renewed = Spi::connect_mut(|client| {
+        for statement in &RENEW {
+            if let Some(until) = first_value(statement.run(client, &args)?)? {
+                return Ok::<_, LockError>(Some(until));
+            }
+        }
+        Ok(None)
+    })?;
     commit::relax_if_only_leases(only_leases);
     stats::count(if renewed.is_some() {
         Counter::RenewalsOk
@@ -388,6 +659,15 @@ pub fn release(
     let owner = error::identifier("owner", owner)?;
     let fence_token = error::optional_token("fence_token", fence_token)?;
     error::writable_server()?;
+    release_valid(lock_id, owner, fence_token)
+}
+
+/// Releases a lease whose arguments are already checked.
+pub fn release_valid(
+    lock_id: &str,
+    owner: &str,
+    fence_token: Option<i64>,
+) -> Result<bool, LockError> {
     let args = [
         DatumWithOid::from(lock_id),
         owner.into(),
@@ -397,15 +677,17 @@ pub fn release(
     ];
     let only_leases = commit::only_leases_so_far();
     let deleted = Spi::connect_mut(|client| -> Result<Option<(bool, i64)>, LockError> {
-        let rows = RELEASE.run(client, &args)?;
-        if rows.is_empty() {
-            return Ok(None);
+        for statement in &RELEASE {
+            let rows = statement.run(client, &args)?;
+            if !rows.is_empty() {
+                let row = rows.first();
+                return Ok(Some((
+                    row.get::<bool>(1)?.unwrap_or(false),
+                    row.get::<i64>(2)?.unwrap_or(0),
+                )));
+            }
         }
-        let row = rows.first();
-        Ok(Some((
-            row.get::<bool>(1)?.unwrap_or(false),
-            row.get::<i64>(2)?.unwrap_or(0),
-        )))
+        Ok(None)
     })?;
     commit::relax_if_only_leases(only_leases);
     if deleted.is_some() {
@@ -460,63 +742,4 @@ pub fn server_now() -> Result<TimestampWithTimeZone, LockError> {
 /// definer; the caller is the "outer" user.
 fn calling_role() -> pg_sys::Oid {
     unsafe { pg_sys::GetOuterUserId() }
-}
-
-/// Claims the creation of a lock id's first row for this transaction, without waiting.
-///
-/// A row being inserted by an open transaction cannot be locked, and an INSERT that meets
-/// it waits for that transaction to end. So whoever inserts a lease first takes this lock,
-/// held to the end of its transaction; a second creator fails to take it and answers
-/// "not available" at once. The key is a 64-bit hash of the lock id: a collision only
-/// makes two ids contend for creation, never for ownership.
-///
-/// Claims use the server's shared lock table, sized by max_locks_per_transaction. One
-/// transaction keeps at most half that many: past it (a bulk load of leases in one
-/// transaction), a claim is only tested, not kept, so the call still never waits, but a
-/// rival creating one of those same ids may wait for the bulk transaction to end.
-pub fn try_claim(key: &str) -> bool {
-    let hash = fnv1a(key.as_bytes());
-    let tag = pg_sys::LOCKTAG {
-        locktag_field1: unsafe { pg_sys::MyDatabaseId }.to_u32(),
-        locktag_field2: (hash >> 32) as u32,
-        locktag_field3: hash as u32,
-        locktag_field4: CLAIM_TAG,
-        locktag_type: pg_sys::LockTagType::LOCKTAG_ADVISORY as u8,
-        locktag_lockmethodid: pg_sys::USER_LOCKMETHOD as u8,
-    };
-    let mode = pg_sys::ExclusiveLock as pg_sys::LOCKMODE;
-    let taken = unsafe { pg_sys::LockAcquire(&tag, mode, false, true) }
-        != pg_sys::LockAcquireResult::LOCKACQUIRE_NOT_AVAIL;
-    if taken && !keep_another_claim() {
-        unsafe { pg_sys::LockRelease(&tag, mode, false) };
-    }
-    taken
-}
-
-thread_local! {
-    // (local transaction id, claims kept in it)
-    static CLAIMS_KEPT: Cell<(u32, i32)> = const { Cell::new((0, 0)) };
-}
-
-/// Counts a kept claim against this transaction's budget; false when the budget is spent.
-fn keep_another_claim() -> bool {
-    let lxid = unsafe { (*pg_sys::MyProc).lxid };
-    let budget = unsafe { pg_sys::max_locks_per_xact } / 2;
-    CLAIMS_KEPT.with(|kept| {
-        let (xact, n) = kept.get();
-        let n = if xact == lxid { n } else { 0 };
-        if n >= budget {
-            return false;
-        }
-        kept.set((lxid, n + 1));
-        true
-    })
-}
-
-/// FNV-1a, 64 bits: stable across builds and processes, as a lock key shared by backends
-/// (possibly running different builds during an upgrade) must be.
-pub fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    })
 }

@@ -4,17 +4,22 @@
 
 use pgrx::prelude::*;
 
+mod claims;
 mod commit;
 mod error;
 mod fence;
 mod lease;
 mod reaper;
+mod session;
+mod sets;
 mod settings;
+mod shared;
 mod statements;
 mod stats;
 mod status;
 mod token;
 mod wait;
+mod xact;
 
 ::pgrx::pg_module_magic!(name, version);
 

@@ -17,7 +17,6 @@
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::CStr;
-use std::panic::AssertUnwindSafe;
 use std::time::Duration;
 
 use pgrx::bgworkers::{
@@ -25,7 +24,6 @@ use pgrx::bgworkers::{
     DynamicBackgroundWorker, SignalWakeFlags,
 };
 use pgrx::datum::DatumWithOid;
-use pgrx::pg_sys::panic::CaughtError;
 use pgrx::pg_sys::BuiltinOid::*;
 use pgrx::prelude::*;
 
@@ -33,6 +31,7 @@ use crate::error::LockError;
 use crate::settings;
 use crate::statements::{first_value, Statement};
 use crate::status::Reporter;
+use crate::xact::in_transaction;
 
 /// How often the launcher looks at its reapers and the database list.
 const LAUNCHER_NAP: Duration = Duration::from_secs(5);
@@ -46,26 +45,68 @@ static EXTENSION_INSTALLED: Statement = Statement {
 
 // Oldest first, through the expires_at index. FOR UPDATE re-checks expiry on the newest
 // version of each row, so a lease renewed a moment ago is left alone.
-// A lease in its lock-delay (expired, not yet free) is left for a later round. $2: send
-// an "expired" event per lease (lockext.notify).
-static REAP_BATCH: Statement = Statement {
-    sql: "WITH reaped AS ( \
-              DELETE FROM lockext.locks AS l \
-               USING (SELECT lock_id FROM lockext.locks \
-                       WHERE expires_at <= pg_catalog.clock_timestamp() \
-                         AND expires_at + lock_delay <= pg_catalog.clock_timestamp() \
-                       ORDER BY expires_at \
-                       LIMIT $1 \
-                         FOR UPDATE SKIP LOCKED) AS doomed \
-               WHERE l.lock_id = doomed.lock_id \
-              RETURNING l.lock_id, l.fence_token) \
-          SELECT lock_id, \
-                 CASE WHEN $2 THEN pg_catalog.pg_notify('lockext', pg_catalog.json_build_object( \
-                     'event', 'expired', 'lock_id', lock_id, 'fence_token', fence_token, \
-                     'previous_fence_token', NULL)::text) END \
-            FROM reaped",
-    params: &[INT4OID, BOOLOID],
-};
+// A lease in its lock-delay (expired, not yet free) is left for a later round.
+macro_rules! reap_expired_sql {
+    ($table:literal) => {
+        concat!(
+            "reaped AS (DELETE FROM ",
+            $table,
+            " AS l \
+              USING (SELECT lock_id, owner FROM ",
+            $table,
+            " \
+                      WHERE expires_at <= pg_catalog.clock_timestamp() \
+                        AND expires_at + lock_delay <= pg_catalog.clock_timestamp() \
+                      ORDER BY expires_at \
+                      LIMIT $1 \
+                        FOR UPDATE SKIP LOCKED) AS doomed \
+              WHERE l.lock_id = doomed.lock_id AND l.owner = doomed.owner \
+             RETURNING l.lock_id, l.fence_token)"
+        )
+    };
+}
+
+/// The rows of CTE `reaped` (lock_id, fence_token of each lease ended), each with an event
+/// for LISTENers when parameter `$notify` (lockext.notify) is true.
+macro_rules! with_events {
+    ($event:literal, $notify:literal, $($ctes:tt)*) => {
+        concat!(
+            "WITH ", $($ctes)*, " \
+             SELECT lock_id, \
+                    CASE WHEN ", $notify, " THEN pg_catalog.pg_notify('lockext', pg_catalog.json_build_object( \
+                        'event', '", $event, "', 'lock_id', lock_id, 'fence_token', fence_token, \
+                        'previous_fence_token', NULL)::text) END \
+               FROM reaped"
+        )
+    };
+}
+pub(crate) use with_events;
+
+// What one batch deletes, $1 leases at most per statement: expired exclusive leases,
+// expired shared leases and permits, and session-bound leases whose session has ended
+// without releasing them (the backend crashed, or its exit could not).
+static REAP: [Statement; 3] = [
+    Statement {
+        sql: with_events!("expired", "$2", reap_expired_sql!("lockext.locks")),
+        params: &[INT4OID, BOOLOID],
+    },
+    Statement {
+        sql: with_events!("expired", "$2", reap_expired_sql!("lockext.shared_leases")),
+        params: &[INT4OID, BOOLOID],
+    },
+    Statement {
+        sql: with_events!(
+            "session_ended",
+            "$2",
+            crate::session::end_sessions_sql!(
+                "NOT EXISTS (SELECT FROM pg_catalog.pg_stat_get_activity(s.taker_pid) AS a \
+                          WHERE a.backend_start = s.session_start)",
+                "LIMIT $1"
+            )
+        ),
+        params: &[INT4OID, BOOLOID],
+    },
+];
 
 pub fn register_launcher() {
     BackgroundWorkerBuilder::new("lockext launcher")
@@ -265,12 +306,12 @@ fn reap_round(reporter: &Reporter) -> Result<u64, RoundError> {
     let mut reaped = 0u64;
     loop {
         let batch_size = settings::REAP_BATCH_SIZE.get();
-        let n = in_transaction(|| reap_batch(batch_size))
+        let (n, more) = in_transaction(|| reap_batch(batch_size))
             .map_err(|message| RoundError::Failed { reaped, message })?;
         reaped += n;
         reporter.batch(n);
         crate::stats::add(crate::stats::Counter::LeasesReaped, n);
-        if n < batch_size as u64 || BackgroundWorker::sigterm_received() {
+        if !more || BackgroundWorker::sigterm_received() {
             return Ok(reaped);
         }
     }
@@ -282,61 +323,25 @@ fn extension_installed() -> Result<bool, LockError> {
     })
 }
 
-/// Deletes up to `limit` expired leases, and wakes their waiters at commit. Exposed to the
-/// tests, which run it in a backend.
-pub fn reap_batch(limit: i32) -> Result<u64, LockError> {
+/// Deletes up to `limit` leases of each kind that `REAP` clears, and wakes their waiters at
+/// commit. Returns how many, and whether any kind had more. Exposed to the tests, which
+/// run it in a backend.
+pub fn reap_batch(limit: i32) -> Result<(u64, bool), LockError> {
     Spi::connect_mut(|client| {
         let args = [DatumWithOid::from(limit), settings::NOTIFY.get().into()];
-        let rows = REAP_BATCH.run(client, &args)?;
-        let mut n = 0;
-        for row in rows {
-            if let Some(lock_id) = row.get::<String>(1)? {
-                crate::wait::wake_head_at_commit(&lock_id);
-            }
-            n += 1;
-        }
-        Ok(n)
-    })
-}
-
-/// Runs `body` in a transaction of its own: committed when it returns Ok, rolled back when
-/// it returns Err or raises an ERROR. The ERROR is caught and returned as a message, so one
-/// bad round never takes the worker down.
-fn in_transaction<R>(body: impl FnOnce() -> Result<R, LockError>) -> Result<R, String> {
-    unsafe {
-        pg_sys::SetCurrentStatementStartTimestamp();
-        pg_sys::StartTransactionCommand();
-        pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot());
-    }
-    let body = AssertUnwindSafe(body);
-    PgTryBuilder::new(move || {
-        let body = body;
-        let result = (body.0)().map_err(|e| e.to_string());
-        unsafe {
-            pg_sys::PopActiveSnapshot();
-            if result.is_ok() {
-                pg_sys::CommitTransactionCommand();
-            } else {
-                pg_sys::AbortCurrentTransaction();
+        let (mut total, mut more) = (0, false);
+        for statement in &REAP {
+            let rows = statement.run(client, &args)?;
+            more |= rows.len() >= limit as usize;
+            for row in rows {
+                if let Some(lock_id) = row.get::<String>(1)? {
+                    crate::wait::wake_head_at_commit(&lock_id);
+                }
+                total += 1;
             }
         }
-        result
+        Ok((total, more))
     })
-    .catch_others(|caught| {
-        unsafe { pg_sys::AbortCurrentTransaction() };
-        Err(caught_message(&caught))
-    })
-    .execute()
-}
-
-fn caught_message(caught: &CaughtError) -> String {
-    match caught {
-        CaughtError::PostgresError(report)
-        | CaughtError::ErrorReport(report)
-        | CaughtError::RustPanic {
-            ereport: report, ..
-        } => report.message().to_string(),
-    }
 }
 
 /// A worker must re-read postgresql.conf itself when told to (pg_reload_conf, SIGHUP).

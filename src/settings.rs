@@ -42,6 +42,7 @@ pub static REAP_INTERVAL_MS: GucSetting<i32> = GucSetting::<i32>::new(1000);
 pub static REAP_BATCH_SIZE: GucSetting<i32> = GucSetting::<i32>::new(1000);
 pub static LOCK_DELAY_MS: GucSetting<i32> = GucSetting::<i32>::new(0);
 pub static NOTIFY: GucSetting<bool> = GucSetting::<bool>::new(false);
+pub static SESSION_LEASES: GucSetting<bool> = GucSetting::<bool>::new(true);
 
 pub fn define() {
     unsafe {
@@ -103,6 +104,16 @@ pub fn define() {
         c"Events are JSON objects, sent when the transaction commits.",
         &NOTIFY,
         GucContext::Userset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_bool_guc(
+        c"lockext.session_leases",
+        c"Allow session-bound leases (lock_acquire's session_bound).",
+        c"Turn it off for roles or databases whose clients come through a transaction-pooling \
+          PgBouncer: there a server session outlives, and is shared by, its clients. Only a \
+          superuser can change it, so ALTER ROLE ... SET sticks.",
+        &SESSION_LEASES,
+        GucContext::Suset,
         GucFlags::default(),
     );
     // Only after every setting is defined: reserving the prefix removes any lockext.*

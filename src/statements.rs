@@ -7,10 +7,12 @@
 
 use std::cell::RefCell;
 use std::collections::HashMap;
+use std::ffi::CString;
 
 use pgrx::datum::DatumWithOid;
-use pgrx::pg_sys::{PgBuiltInOids, PgOid};
+use pgrx::pg_sys::{self, PgBuiltInOids, PgOid};
 use pgrx::spi::{OwnedPreparedStatement, SpiClient, SpiResult, SpiTupleTable};
+use pgrx::FromDatum;
 
 pub struct Statement {
     pub sql: &'static str,
@@ -57,4 +59,85 @@ pub fn first_value<T: pgrx::IntoDatum + pgrx::FromDatum>(
         return Ok(None);
     }
     rows.first().get_one::<T>()
+}
+
+thread_local! {
+    // Plans for `read_latest`, which pgrx cannot run with a snapshot of our choosing.
+    static RAW_PLANS: RefCell<HashMap<&'static str, usize>> = RefCell::new(HashMap::new());
+}
+
+/// One row read by `read_latest`: its columns, NULL as None. By-value types only (bool,
+/// integers): a by-reference datum would point into memory that SPI frees.
+pub struct LatestRow(Vec<Option<pg_sys::Datum>>);
+
+impl LatestRow {
+    pub fn get<T: FromDatum>(&self, ordinal: usize) -> Option<T> {
+        let datum = (*self.0.get(ordinal - 1)?)?;
+        unsafe { T::from_polymorphic_datum(datum, false, pg_sys::InvalidOid) }
+    }
+}
+
+impl Statement {
+    /// Runs a read-only statement under the newest snapshot, not the statement's or the
+    /// transaction's, and returns its first row. A conflict check must see every lease
+    /// committed before it took its claim (`claims.rs`), even in a REPEATABLE READ
+    /// transaction whose snapshot is older; foreign-key checks read the same way. Needs a
+    /// connected SPI (inside `Spi::connect_mut`).
+    pub fn read_latest(&'static self, args: &[DatumWithOid<'_>]) -> Option<LatestRow> {
+        let plan = RAW_PLANS.with(|plans| {
+            *plans.borrow_mut().entry(self.sql).or_insert_with(|| {
+                let sql = CString::new(self.sql).expect("statement text has no NUL");
+                let mut oids: Vec<pg_sys::Oid> = self
+                    .params
+                    .iter()
+                    .map(|&o| pg_sys::Oid::from(o as u32))
+                    .collect();
+                unsafe {
+                    let plan =
+                        pg_sys::SPI_prepare(sql.as_ptr(), oids.len() as i32, oids.as_mut_ptr());
+                    if plan.is_null() {
+                        pgrx::error!("lockext: cannot prepare {}", self.sql);
+                    }
+                    pg_sys::SPI_keepplan(plan);
+                    plan as usize
+                }
+            })
+        }) as pg_sys::SPIPlanPtr;
+        let (mut values, nulls): (Vec<pg_sys::Datum>, Vec<std::os::raw::c_char>) = args
+            .iter()
+            .map(|a| match a.datum() {
+                Some(d) => (d.sans_lifetime(), b' ' as std::os::raw::c_char),
+                None => (pg_sys::Datum::from(0usize), b'n' as std::os::raw::c_char),
+            })
+            .unzip();
+        unsafe {
+            let status = pg_sys::SPI_execute_snapshot(
+                plan,
+                values.as_mut_ptr(),
+                nulls.as_ptr(),
+                pg_sys::GetLatestSnapshot(),
+                std::ptr::null_mut(),
+                true,
+                false,
+                1,
+            );
+            let table = pg_sys::SPI_tuptable;
+            if status != pg_sys::SPI_OK_SELECT as i32
+                || table.is_null()
+                || pg_sys::SPI_processed == 0
+            {
+                return None;
+            }
+            let tuple = *(*table).vals;
+            let desc = (*table).tupdesc;
+            let row = (1..=(*desc).natts)
+                .map(|i| {
+                    let mut is_null = false;
+                    let d = pg_sys::SPI_getbinval(tuple, desc, i, &mut is_null);
+                    (!is_null).then_some(d)
+                })
+                .collect();
+            Some(LatestRow(row))
+        }
+    }
 }

@@ -280,16 +280,22 @@ mod tests {
         token_of("dead2@reap_batch_deletes_o", "w", "10 milliseconds").unwrap();
         token_of("dead3@reap_batch_deletes_o", "w", "10 milliseconds").unwrap();
         token_of("live@reap_batch_deletes_o", "w", "1 minute").unwrap();
+        assert!(one::<bool>(
+            "SELECT lockext.lock_acquire('read@reap_batch_deletes_o', 'r', '10 milliseconds', \
+                                         mode => 'shared') IS NOT NULL"
+        )
+        .unwrap());
         sleep_ms(30);
         assert_eq!(
             crate::reaper::reap_batch(2).unwrap(),
-            2,
-            "a batch is bounded"
+            (3, true),
+            "a batch is bounded for each kind of lease"
         );
-        assert_eq!(crate::reaper::reap_batch(2).unwrap(), 1);
-        assert_eq!(crate::reaper::reap_batch(2).unwrap(), 0);
+        assert_eq!(crate::reaper::reap_batch(2).unwrap(), (1, false));
+        assert_eq!(crate::reaper::reap_batch(2).unwrap(), (0, false));
         let left: String = one("SELECT string_agg(lock_id, ',') FROM lockext.locks").unwrap();
         assert_eq!(left, "live@reap_batch_deletes_o");
+        assert_eq!(rows("shared_leases"), 0);
     }
 
     #[pg_test]
@@ -301,7 +307,7 @@ mod tests {
         )
         .unwrap());
         sleep_ms(40);
-        assert_eq!(crate::reaper::reap_batch(100).unwrap(), 0);
+        assert_eq!(crate::reaper::reap_batch(100).unwrap(), (0, false));
         assert_eq!(rows("locks"), 1);
     }
 

@@ -262,7 +262,7 @@ pub fn prepare_to_mint(client: &mut SpiClient<'_>) -> Result<i64, LockError> {
     if !in_force.confirmed {
         // Rule 3: this token's counter must reach the disk with its grant.
         crate::commit::require_flush();
-        if crate::lease::try_claim(EPOCH_CLAIM) {
+        if crate::claims::try_claim(EPOCH_CLAIM) {
             record(client, &in_force.identity, in_force.epoch)?;
         }
     }

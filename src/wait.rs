@@ -82,7 +82,7 @@ pub fn init_shared_memory() {
 fn key_of(lock_id: &str) -> (u32, u64) {
     (
         unsafe { pg_sys::MyDatabaseId }.to_u32(),
-        crate::lease::fnv1a(lock_id.as_bytes()),
+        crate::claims::fnv1a(lock_id.as_bytes()),
     )
 }
 
@@ -140,6 +140,7 @@ impl Ticket {
             id,
         };
         WAITING.get().fetch_add(1, Ordering::AcqRel);
+        leave_queue_at_exit();
         ticket.number = number;
         ticket.slot = Some(i);
         ticket
@@ -171,6 +172,43 @@ impl Drop for Ticket {
         }
         // If we were at the head, the next in line may now be free to go.
         wake_head(&self.lock_id);
+    }
+}
+
+thread_local! {
+    static EXIT_HOOK: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// A waiter ended by FATAL (`pg_terminate_backend`, a lost client) exits without unwinding,
+/// so its ticket's destructor never runs: this exit hook takes its place.
+fn leave_queue_at_exit() {
+    if !EXIT_HOOK.get() {
+        unsafe { pg_sys::before_shmem_exit(Some(leave_at_exit), pg_sys::Datum::from(0)) };
+        EXIT_HOOK.set(true);
+    }
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn leave_at_exit(_code: std::ffi::c_int, _arg: pg_sys::Datum) {
+    // An exit can begin anywhere; the queue's lock must not be ours already.
+    unsafe { pg_sys::LWLockReleaseAll() };
+    let pid = unsafe { pg_sys::MyProcPid };
+    let left: Vec<String> = {
+        let mut queue = QUEUE.exclusive();
+        let mut left = Vec::new();
+        for slot in queue
+            .slots
+            .iter_mut()
+            .filter(|s| s.ticket != 0 && s.pid == pid)
+        {
+            left.push(String::from_utf8_lossy(&slot.id[..slot.id_len as usize]).into_owned());
+            *slot = Slot::default();
+            WAITING.get().fetch_sub(1, Ordering::AcqRel);
+        }
+        left
+    };
+    for lock_id in left {
+        wake_head(&lock_id);
     }
 }
 

@@ -14,6 +14,34 @@ use std::time::{Duration, Instant};
 pub use postgres::{Client, NoTls};
 
 pub mod history;
+pub mod permits;
+
+/// xorshift64*: enough randomness for a test's choices (pauses, which client to stop), and
+/// reproducible from a seed. Seed it with an odd number.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    /// A number in 0..n (0 when n is 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        if n == 0 {
+            0
+        } else {
+            self.next() % n
+        }
+    }
+
+    /// True p times in 100.
+    pub fn pct(&mut self, p: u64) -> bool {
+        self.below(100) < p
+    }
+}
 
 pub const PG_BIN: &str = "/usr/lib/postgresql/15/bin";
 

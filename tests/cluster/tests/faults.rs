@@ -251,17 +251,6 @@ fn finish(
     report
 }
 
-/// A tiny PRNG for the test's own choices (which client to stop, for how long).
-struct Rng(u64);
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n.max(1)
-    }
-}
-
 /// kill -9 of the postmaster and, at once, of every server process: the whole server
 /// dies as in a machine crash (what was only in shared memory, like WAL buffers of
 /// asynchronous commits, is gone; what was written to the OS stays). Returns when no

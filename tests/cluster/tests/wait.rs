@@ -234,3 +234,39 @@ fn listeners_hear_only_committed_releases_take_overs_and_expiries() {
     assert_eq!(kinds, ["released", "taken_over", "expired"], "{events:?}");
     assert!(events[0].contains("\"lock_id\" : \"job\""), "{}", events[0]);
 }
+
+#[test]
+fn a_terminated_waiter_leaves_the_queue() {
+    let cluster = Cluster::start("wait-terminated", "");
+    let mut holder = cluster.connect();
+    acquire(&mut holder, "desk", "holder", "0").unwrap();
+    let url = cluster.url("postgres");
+    let doomed = thread::spawn(move || {
+        let mut c = Client::connect(&url, NoTls).unwrap();
+        c.query_one(
+            "SELECT lockext.lock_acquire('desk', 'doomed', '1 minute', wait => '60 seconds')",
+            &[],
+        )
+        .is_err()
+    });
+    eventually(Duration::from_secs(10), "the waiter is queued", || {
+        (waiting(&mut holder, "desk") == 1).then_some(())
+    });
+    // A FATAL ends the backend without unwinding its wait: its exit hook must still leave.
+    holder
+        .execute(
+            "SELECT pg_terminate_backend(pid) FROM lockext.waiters WHERE lock_id = 'desk'",
+            &[],
+        )
+        .unwrap();
+    assert!(doomed.join().unwrap(), "the terminated waiter got an error");
+    eventually(Duration::from_secs(5), "the queue is empty", || {
+        (waiting(&mut holder, "desk") == 0).then_some(())
+    });
+    assert!(release(&mut holder, "desk", "holder"));
+    let mut other = cluster.connect();
+    assert!(
+        acquire(&mut other, "desk", "next", "0").is_some(),
+        "nobody is left ahead in the queue, so a caller that does not wait gets the lock"
+    );
+}

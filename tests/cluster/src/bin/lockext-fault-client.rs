@@ -39,6 +39,7 @@ use std::thread::sleep;
 use std::time::{Duration, Instant};
 
 use lockext_cluster_tests::history::{now_us, Kind, Op, Outcome};
+use lockext_cluster_tests::Rng;
 use postgres::{Client, NoTls};
 
 struct Config {
@@ -86,28 +87,6 @@ fn config() -> Config {
         seed: num("seed", 1),
         out: get("out"),
         stop: args.get("stop").map(std::path::PathBuf::from),
-    }
-}
-
-/// xorshift64*: enough randomness for choosing pauses, no dependency.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        if n == 0 {
-            0
-        } else {
-            self.next() % n
-        }
-    }
-    fn pct(&mut self, p: u64) -> bool {
-        self.below(100) < p
     }
 }
 

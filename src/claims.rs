@@ -1,0 +1,164 @@
+//! Claims: transaction-scoped locks in the server's lock table that lockext only ever
+//! *tries* to take, so that no lock call waits for another transaction.
+//!
+//! - The gate of a lock id. Every acquire passes it before it looks at the leases: an
+//!   exclusive or semaphore acquire in exclusive mode, a shared acquire in shared mode. It
+//!   is kept to the end of the transaction, so two acquires that could both be granted only
+//!   if neither saw the other (a writer and a reader, two takers of a semaphore's last
+//!   permit) never run at once: the second fails to pass, and is told "not available".
+//!   Once the first commits, its lease is visible to whoever passes next.
+//! - The claim of a shared lease's row: a row being inserted by an open transaction cannot
+//!   be locked, and an INSERT that meets it waits, so its creator claims it first.
+//!
+//! Claims use the server's shared lock table, sized by max_locks_per_transaction. One
+//! transaction keeps at most half that many. Past that (a bulk load of leases in one
+//! transaction), an exclusive acquire keeps one claim for the whole database instead, which
+//! every shared acquire also tries, and only tests its lock id's gate; a shared or
+//! semaphore acquire is refused with an error.
+
+use std::cell::Cell;
+
+use pgrx::pg_sys;
+
+use crate::error::LockError;
+
+/// Lockext's claims among advisory locks in `pg_locks` (objsubid 19531 "LK", 19535 "LO",
+/// 19522 "LB"); the built-in advisory functions use 1 and 2, so they never collide.
+const GATE_TAG: u16 = 0x4C4B;
+const ROW_TAG: u16 = 0x4C4F;
+const BULK_TAG: u16 = 0x4C42;
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    Shared,
+    Exclusive,
+}
+
+impl Mode {
+    fn lockmode(self) -> pg_sys::LOCKMODE {
+        (match self {
+            Mode::Shared => pg_sys::ShareLock,
+            Mode::Exclusive => pg_sys::ExclusiveLock,
+        }) as pg_sys::LOCKMODE
+    }
+}
+
+/// A gate passed by this call. `reopen` gives it back when the call is refused after all,
+/// unless the transaction held it before.
+pub struct Gate {
+    tag: pg_sys::LOCKTAG,
+    mode: Mode,
+    newly_taken: bool,
+}
+
+impl Gate {
+    pub fn reopen(self) {
+        if self.newly_taken {
+            unsafe { pg_sys::LockRelease(&self.tag, self.mode.lockmode(), false) };
+        }
+    }
+}
+
+/// Passes the gate of `lock_id` in `mode`, or None when an acquire that conflicts with this
+/// one is in flight.
+pub fn try_gate(lock_id: &str, mode: Mode) -> Result<Option<Gate>, LockError> {
+    let tag = tag_of(GATE_TAG, fnv1a(lock_id.as_bytes()));
+    if mode == Mode::Shared && try_lock(&tag_of(BULK_TAG, 0), Mode::Shared).is_none() {
+        return Ok(None); // a bulk load of exclusive leases is in flight
+    }
+    let Some(newly_taken) = try_lock(&tag, mode) else {
+        return Ok(None);
+    };
+    if newly_taken && !keep_another_claim() {
+        unsafe { pg_sys::LockRelease(&tag, mode.lockmode(), false) };
+        if mode == Mode::Shared {
+            return Err(LockError::TooManyClaims);
+        }
+        if try_lock(&tag_of(BULK_TAG, 0), Mode::Exclusive).is_none() {
+            return Ok(None);
+        }
+        return Ok(Some(Gate {
+            tag,
+            mode,
+            newly_taken: false,
+        }));
+    }
+    Ok(Some(Gate {
+        tag,
+        mode,
+        newly_taken,
+    }))
+}
+
+/// Claims `key` (no lock id starts with NUL) for this transaction, in exclusive mode, as
+/// the gates do; false when another transaction holds it.
+pub fn try_claim(key: &str) -> bool {
+    try_gate(key, Mode::Exclusive).is_ok_and(|gate| gate.is_some())
+}
+
+/// Claims the creation of `owner`'s shared-lease row for `lock_id`; false when another
+/// transaction is creating or changing it right now.
+pub fn try_claim_row(lock_id: &str, owner: &str) -> bool {
+    let key = fnv1a(owner.as_bytes()) ^ fnv1a(lock_id.as_bytes()).rotate_left(29);
+    let tag = tag_of(ROW_TAG, key);
+    match try_lock(&tag, Mode::Exclusive) {
+        None => false,
+        Some(true) if !keep_another_claim() => {
+            // Past the budget, only tested: a rival creating this same row may then wait.
+            unsafe { pg_sys::LockRelease(&tag, Mode::Exclusive.lockmode(), false) };
+            true
+        }
+        Some(_) => true,
+    }
+}
+
+/// Some(true) when newly taken, Some(false) when this transaction held it already, None
+/// when another transaction holds it in a conflicting mode.
+fn try_lock(tag: &pg_sys::LOCKTAG, mode: Mode) -> Option<bool> {
+    match unsafe { pg_sys::LockAcquire(tag, mode.lockmode(), false, true) } {
+        pg_sys::LockAcquireResult::LOCKACQUIRE_NOT_AVAIL => None,
+        pg_sys::LockAcquireResult::LOCKACQUIRE_OK => Some(true),
+        _ => Some(false),
+    }
+}
+
+/// An advisory-lock tag in this database. The key is a 64-bit hash of a lock id: a
+/// collision only makes two ids contend for their gates, never for ownership.
+fn tag_of(kind: u16, key: u64) -> pg_sys::LOCKTAG {
+    pg_sys::LOCKTAG {
+        locktag_field1: unsafe { pg_sys::MyDatabaseId }.to_u32(),
+        locktag_field2: (key >> 32) as u32,
+        locktag_field3: key as u32,
+        locktag_field4: kind,
+        locktag_type: pg_sys::LockTagType::LOCKTAG_ADVISORY as u8,
+        locktag_lockmethodid: pg_sys::USER_LOCKMETHOD as u8,
+    }
+}
+
+thread_local! {
+    // (local transaction id, claims kept in it)
+    static CLAIMS_KEPT: Cell<(u32, i32)> = const { Cell::new((0, 0)) };
+}
+
+/// Counts a kept claim against this transaction's budget; false when the budget is spent.
+fn keep_another_claim() -> bool {
+    let lxid = unsafe { (*pg_sys::MyProc).lxid };
+    let budget = unsafe { pg_sys::max_locks_per_xact } / 2;
+    CLAIMS_KEPT.with(|kept| {
+        let (xact, n) = kept.get();
+        let n = if xact == lxid { n } else { 0 };
+        if n >= budget {
+            return false;
+        }
+        kept.set((lxid, n + 1));
+        true
+    })
+}
+
+/// FNV-1a, 64 bits: stable across builds and processes, as a lock key shared by backends
+/// (possibly running different builds during an upgrade) must be.
+pub fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}

@@ -1,0 +1,132 @@
+//! Session-bound leases (ZooKeeper's ephemeral nodes): a lease that also ends when the
+//! backend that took it exits, whatever the reason, with its TTL still the upper bound.
+//!
+//! A session-bound lease records its backend as the pid and the backend's start time (pids
+//! are reused). Two things end it:
+//! - the backend itself, on its way out (`before_shmem_exit`, as PostgreSQL drops a
+//!   session's temporary tables): a normal close, `pg_terminate_backend`, a client that
+//!   died (the backend reads end-of-file from the socket) all come through here;
+//! - the reaper, for a backend that could not (it crashed, and with it the server's
+//!   shared memory): each round it deletes session-bound leases whose backend is gone.
+//!
+//! Behind a transaction-pooling PgBouncer a server session serves many clients and outlives
+//! them, so "the session" means nothing; `lockext.session_leases = off` refuses them there.
+
+use std::cell::Cell;
+use std::ffi::c_int;
+
+use pgrx::pg_sys::BuiltinOid::*;
+use pgrx::prelude::*;
+
+use crate::error::LockError;
+use crate::settings;
+use crate::statements::Statement;
+use crate::xact::in_transaction;
+
+/// Deletes session-bound leases from both lease tables: those of rows `s` matching `$which`,
+/// `$limit` of each at most: CTEs that end with `reaped` (lock_id, fence_token of each).
+macro_rules! end_sessions_sql {
+    ($which:literal, $limit:literal) => {
+        concat!(
+            "x AS (DELETE FROM lockext.locks AS l \
+                         USING (SELECT lock_id, owner FROM lockext.locks AS s \
+                                 WHERE s.session_start IS NOT NULL AND ",
+            $which,
+            " ",
+            $limit,
+            " \
+                                   FOR UPDATE SKIP LOCKED) AS c \
+                         WHERE l.lock_id = c.lock_id AND l.owner = c.owner \
+                        RETURNING l.lock_id, l.fence_token), \
+                  sh AS (DELETE FROM lockext.shared_leases AS l \
+                         USING (SELECT lock_id, owner FROM lockext.shared_leases AS s \
+                                 WHERE s.session_start IS NOT NULL AND ",
+            $which,
+            " ",
+            $limit,
+            " \
+                                   FOR UPDATE SKIP LOCKED) AS c \
+                         WHERE l.lock_id = c.lock_id AND l.owner = c.owner \
+                        RETURNING l.lock_id, l.fence_token), \
+             reaped AS (SELECT lock_id, fence_token FROM x \
+                         UNION ALL SELECT lock_id, fence_token FROM sh)"
+        )
+    };
+}
+pub(crate) use end_sessions_sql;
+
+// The exiting backend's own leases ($1 its pid, $2 its start); $3: send events.
+static END_MINE: Statement = Statement {
+    sql: crate::reaper::with_events!(
+        "session_ended",
+        "$3",
+        end_sessions_sql!("s.taker_pid = $1 AND s.session_start = $2", "")
+    ),
+    params: &[INT4OID, TIMESTAMPTZOID, BOOLOID],
+};
+
+// The exit runs with the session's settings: no caller's search_path may bend our
+// statements, and a lease's end needs no wait for a flush (a lost one is reaped).
+static EXIT_SETTINGS: Statement = Statement {
+    sql: "SELECT pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true), \
+                 pg_catalog.set_config('synchronous_commit', 'off', true)",
+    params: &[],
+};
+
+thread_local! {
+    // Whether this backend has taken a session-bound lease (and so has its exit hook).
+    static BOUND: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Ties the lease being taken to this backend: returns the backend's start time, to be
+/// recorded with its pid, and makes sure the backend ends its leases when it exits.
+pub fn bind() -> Result<TimestampWithTimeZone, LockError> {
+    if !settings::SESSION_LEASES.get() {
+        return Err(LockError::SessionLeasesOff);
+    }
+    let started = TimestampWithTimeZone::try_from(unsafe { pg_sys::MyStartTimestamp })
+        .map_err(|_| LockError::ClockOutOfRange)?;
+    if !BOUND.get() {
+        unsafe { pg_sys::before_shmem_exit(Some(end_at_exit), pg_sys::Datum::from(0)) };
+        BOUND.set(true);
+    }
+    Ok(started)
+}
+
+/// The exit hook: ends this backend's session-bound leases in a transaction of its own,
+/// as the superuser (the session's role may not write lockext's tables). A failure is
+/// only logged: the reaper ends what is left.
+#[pg_guard]
+unsafe extern "C-unwind" fn end_at_exit(_code: c_int, _arg: pg_sys::Datum) {
+    unsafe { pg_sys::AbortOutOfAnyTransaction() };
+    let ended = in_transaction(|| {
+        unsafe {
+            pg_sys::SetUserIdAndSecContext(
+                pg_sys::Oid::from(pg_sys::BOOTSTRAP_SUPERUSERID),
+                pg_sys::SECURITY_LOCAL_USERID_CHANGE as i32,
+            )
+        };
+        Spi::connect_mut(|client| {
+            EXIT_SETTINGS.run(client, &[])?;
+            let args = [
+                unsafe { pg_sys::MyProcPid }.into(),
+                TimestampWithTimeZone::try_from(unsafe { pg_sys::MyStartTimestamp })
+                    .ok()
+                    .into(),
+                settings::NOTIFY.get().into(),
+            ];
+            let rows = END_MINE.run(client, &args)?;
+            for row in rows {
+                if let Some(lock_id) = row.get::<String>(1)? {
+                    crate::wait::wake_head_at_commit(&lock_id);
+                }
+            }
+            Ok(())
+        })
+    });
+    if let Err(message) = ended {
+        warning!(
+            "lockext: could not end this session's leases at exit ({message}); the reaper will"
+        );
+    }
+}

@@ -1,0 +1,147 @@
+//! Sets of locks taken all or nothing: `lock_acquire_all` and `lock_release_all`.
+//!
+//! The set is taken in one statement, lock by lock in sorted order (byte order of the
+//! ids, whatever the collation), inside a subtransaction. If any lock is not available in
+//! time, the subtransaction is rolled back: nothing was taken, so nothing is released.
+//! Two callers whose sets overlap take the shared ids in the same order, so when they wait
+//! neither can hold one lock while waiting for another that the other holds: no deadlock.
+
+use std::time::Instant;
+
+use pgrx::prelude::*;
+
+use crate::error::{self, LockError, OrReport};
+use crate::lease::{self, Grant, Request};
+use crate::xact;
+
+/// Takes every lock in `lock_ids` for `owner`, or none: one grant per distinct lock id, in
+/// sorted order, or no rows. `wait` bounds the time for the whole set.
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
+#[search_path(pg_catalog, pg_temp)]
+fn lock_acquire_all(
+    lock_ids: Option<Vec<Option<String>>>,
+    owner: Option<&str>,
+    ttl: Option<Interval>,
+    wait: default!(Option<Interval>, "'0 seconds'"),
+    mode: default!(Option<&str>, "'exclusive'"),
+    session_bound: default!(Option<bool>, "false"),
+) -> TableIterator<
+    'static,
+    (
+        name!(lock_id, String),
+        name!(owner, String),
+        name!(fence_token, i64),
+        name!(acquired_at, TimestampWithTimeZone),
+        name!(expires_at, TimestampWithTimeZone),
+    ),
+> {
+    TableIterator::new(acquire_all(lock_ids, owner, ttl, wait, mode, session_bound).or_report())
+}
+
+/// A grant as plain values: lockext.lock_grant's columns. A composite value made inside the
+/// subtransaction would hold a tuple descriptor owned by it, gone once it ends.
+type GrantRow = (
+    String,
+    String,
+    i64,
+    TimestampWithTimeZone,
+    TimestampWithTimeZone,
+);
+
+fn grant_row(grant: &Grant) -> Result<Option<GrantRow>, LockError> {
+    let column = |name| LockError::MissingColumn { name };
+    Ok(Some((
+        grant
+            .get_by_name("lock_id")
+            .ok()
+            .flatten()
+            .ok_or(column("lock_id"))?,
+        grant
+            .get_by_name("owner")
+            .ok()
+            .flatten()
+            .ok_or(column("owner"))?,
+        grant
+            .get_by_name("fence_token")
+            .ok()
+            .flatten()
+            .ok_or(column("fence_token"))?,
+        grant
+            .get_by_name("acquired_at")
+            .ok()
+            .flatten()
+            .ok_or(column("acquired_at"))?,
+        grant
+            .get_by_name("expires_at")
+            .ok()
+            .flatten()
+            .ok_or(column("expires_at"))?,
+    )))
+}
+
+/// Releases the caller's leases on `lock_ids`; returns how many of them it still held.
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
+#[search_path(pg_catalog, pg_temp)]
+fn lock_release_all(lock_ids: Option<Vec<Option<String>>>, owner: Option<&str>) -> i32 {
+    release_all(lock_ids, owner).or_report()
+}
+
+fn acquire_all(
+    lock_ids: Option<Vec<Option<String>>>,
+    owner: Option<&str>,
+    ttl: Option<Interval>,
+    wait: Option<Interval>,
+    mode: Option<&str>,
+    session_bound: Option<bool>,
+) -> Result<Vec<GrantRow>, LockError> {
+    let ids = sorted_ids(lock_ids)?;
+    let base = Request::validate("", owner, ttl, wait, None, mode, None, session_bound)?;
+    let deadline = Instant::now() + base.wait;
+    let grants = xact::all_or_nothing(|| {
+        let mut grants = Vec::with_capacity(ids.len());
+        for id in &ids {
+            let request = Request {
+                lock_id: id,
+                wait: deadline.saturating_duration_since(Instant::now()),
+                ..base
+            };
+            match lease::acquire(&request)? {
+                Some(grant) => grants.extend(grant_row(&grant)?),
+                None => return Ok(None),
+            }
+        }
+        Ok(Some(grants))
+    })?;
+    Ok(grants.unwrap_or_default())
+}
+
+fn release_all(
+    lock_ids: Option<Vec<Option<String>>>,
+    owner: Option<&str>,
+) -> Result<i32, LockError> {
+    let ids = sorted_ids(lock_ids)?;
+    let owner = error::identifier("owner", owner)?;
+    error::writable_server()?;
+    let mut released = 0;
+    for id in &ids {
+        if lease::release_valid(id, owner, None)? {
+            released += 1;
+        }
+    }
+    Ok(released)
+}
+
+/// The distinct ids of a set, each checked, in byte order.
+fn sorted_ids(lock_ids: Option<Vec<Option<String>>>) -> Result<Vec<String>, LockError> {
+    let lock_ids = lock_ids.ok_or(LockError::NullArgument { arg: "lock_ids" })?;
+    if lock_ids.is_empty() {
+        return Err(LockError::EmptyLockSet { arg: "lock_ids" });
+    }
+    let mut ids = Vec::with_capacity(lock_ids.len());
+    for id in &lock_ids {
+        ids.push(error::identifier("lock_ids element", id.as_deref())?.to_string());
+    }
+    ids.sort_unstable();
+    ids.dedup();
+    Ok(ids)
+}

@@ -1,0 +1,143 @@
+//! Shared leases and semaphore permits: locks with many holders at once, one row each in
+//! `lockext.shared_leases`, each grant with a fence token of its own.
+//!
+//! - A shared (read) lease coexists with other shared leases of its lock id, and with no
+//!   live exclusive lease (`lease.rs` checks the other way round).
+//! - A permit is one of a semaphore's N permits; N is whatever the semaphore's live permits
+//!   say, or the asker's N when it has none. An owner holds at most one permit of a
+//!   semaphore.
+//!
+//! Counting holders is safe because every acquire of a lock id passes its gate first
+//! (`claims.rs`): shared acquires together, a semaphore's takers one at a time, and each
+//! counts under the newest snapshot, so it sees every lease committed before it passed.
+
+use pgrx::spi::SpiClient;
+
+use crate::claims;
+use crate::error::LockError;
+use crate::lease::{
+    grant_returning, grant_sets, millis, ms_until, take, Args, Attempt, Kind, Request,
+    ACQUIRE_PARAMS,
+};
+use crate::statements::Statement;
+use crate::token::{self, mint_sql};
+
+// Read under the newest snapshot, after passing the gate: is there a live exclusive lease,
+// and till when; how many live shared leases or permits others hold, of what kind, and
+// how soon the first of them runs out; does the caller have a row already.
+static PEEK: Statement = Statement {
+    sql: concat!(
+        "SELECT x.held, x.free_ms, s.others, s.permits, s.shared, s.next_free_ms, \
+                EXISTS (SELECT FROM lockext.shared_leases WHERE lock_id = $1 AND owner = $2) \
+           FROM (SELECT) AS one \
+           LEFT JOIN LATERAL ( \
+                SELECT expires_at + lock_delay > $5 AS held, ",
+        ms_until!("expires_at + lock_delay"),
+        " AS free_ms FROM lockext.locks WHERE lock_id = $1) AS x ON true \
+           CROSS JOIN LATERAL ( \
+                SELECT count(*) FILTER (WHERE NOT mine) AS others, min(permits) AS permits, \
+                       bool_or(permits IS NULL) AS shared, ",
+        ms_until!("min(expires_at + lock_delay) FILTER (WHERE NOT mine)"),
+        " AS next_free_ms \
+                  FROM (SELECT permits, expires_at, lock_delay, \
+                               owner = $2 AND holder_role = $3 AS mine \
+                          FROM lockext.shared_leases \
+                         WHERE lock_id = $1 AND expires_at + lock_delay > $5) AS live) AS s"
+    ),
+    params: ACQUIRE_PARAMS,
+};
+
+// The caller's own row: extended when live (same grant), renewed with a new token when not.
+// A row of the same owner name but another role is taken only once it is free.
+static TAKE_OVER: Statement = Statement {
+    sql: concat!(
+        "UPDATE lockext.shared_leases AS l SET permits = $9, ",
+        grant_sets!(),
+        " FROM (SELECT lock_id, owner, fence_token AS old_token, \
+                        expires_at > $5 AND holder_role = $3 AS same_grant \
+                   FROM lockext.shared_leases \
+                  WHERE lock_id = $1 AND owner = $2 \
+                    AND (holder_role = $3 OR expires_at + lock_delay <= $5) \
+                    FOR UPDATE SKIP LOCKED) AS c \
+          WHERE l.lock_id = c.lock_id AND l.owner = c.owner",
+        grant_returning!(),
+        "NOT c.same_grant, c.old_token, l.fence_token"
+    ),
+    params: ACQUIRE_PARAMS,
+};
+
+static INSERT_NEW: Statement = Statement {
+    sql: concat!(
+        "INSERT INTO lockext.shared_leases AS l \
+                (lock_id, owner, permits, holder_role, fence_token, acquired_at, expires_at, \
+                 renewals, lock_delay, session_start, taker_pid, application_name, client_addr) \
+         VALUES ($1, $2, $9, $3, ",
+        mint_sql!(),
+        ", $5, $5 + $4, 0, $7, $8, pg_backend_pid(), current_setting('application_name'), \
+           inet_client_addr()) \
+         ON CONFLICT (lock_id, owner) DO NOTHING",
+        grant_returning!(),
+        "true, NULL::bigint, l.fence_token"
+    ),
+    params: ACQUIRE_PARAMS,
+};
+
+/// One try at a shared lease or a permit, past the gate.
+pub fn attempt(
+    client: &mut SpiClient<'_>,
+    request: &Request<'_>,
+    args: &mut Args<'_>,
+) -> Result<Attempt, LockError> {
+    let Some(peek) = PEEK.read_latest(&args[..]) else {
+        return Ok((None, None));
+    };
+    let exclusive_held = peek.get::<bool>(1) == Some(true);
+    let others = peek.get::<i64>(3).unwrap_or(0);
+    let wrong_kind = |is| LockError::WrongKind {
+        lock_id: request.lock_id.to_string(),
+        is,
+        asked: if request.kind == Kind::Shared {
+            "a lock"
+        } else {
+            "a semaphore"
+        },
+    };
+    match request.kind {
+        Kind::Shared => {
+            if peek.get::<i32>(4).is_some() {
+                return Err(wrong_kind("a semaphore"));
+            }
+            if exclusive_held {
+                return Ok((None, peek.get::<i64>(2).map(millis)));
+            }
+        }
+        Kind::Semaphore(asked) => {
+            if exclusive_held || peek.get::<bool>(5) == Some(true) {
+                return Err(wrong_kind("a lock"));
+            }
+            match peek.get::<i32>(4) {
+                Some(has) if has != asked => {
+                    return Err(LockError::PermitsMismatch {
+                        lock_id: request.lock_id.to_string(),
+                        has,
+                        asked,
+                    })
+                }
+                _ if others >= i64::from(asked) => {
+                    return Ok((None, peek.get::<i64>(6).map(millis)));
+                }
+                _ => {}
+            }
+        }
+        Kind::Exclusive => unreachable!("exclusive leases live in lockext.locks"),
+    }
+    let row_exists = peek.get::<bool>(7) == Some(true);
+    if !row_exists && !claims::try_claim_row(request.lock_id, request.owner) {
+        return Ok((None, None)); // this owner's row is being created right now
+    }
+    args[5] = token::prepare_to_mint(client)?.into();
+    Ok((
+        take(client, &args[..], row_exists, &TAKE_OVER, &INSERT_NEW)?,
+        None,
+    ))
+}

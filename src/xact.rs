@@ -1,0 +1,73 @@
+//! Transactions and subtransactions that lockext runs itself.
+
+use std::panic::AssertUnwindSafe;
+
+use pgrx::pg_sys::panic::CaughtError;
+use pgrx::prelude::*;
+
+use crate::error::LockError;
+
+/// Runs `body` in a transaction of its own: committed when it returns Ok, rolled back when
+/// it returns Err or raises an ERROR. The ERROR is caught and returned as a message, so one
+/// bad round never takes a worker down (and an exiting backend still exits cleanly).
+pub fn in_transaction<R>(body: impl FnOnce() -> Result<R, LockError>) -> Result<R, String> {
+    unsafe {
+        pg_sys::SetCurrentStatementStartTimestamp();
+        pg_sys::StartTransactionCommand();
+        pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot());
+    }
+    let body = AssertUnwindSafe(body);
+    PgTryBuilder::new(move || {
+        let body = body;
+        let result = (body.0)().map_err(|e| e.to_string());
+        unsafe {
+            pg_sys::PopActiveSnapshot();
+            if result.is_ok() {
+                pg_sys::CommitTransactionCommand();
+            } else {
+                pg_sys::AbortCurrentTransaction();
+            }
+        }
+        result
+    })
+    .catch_others(|caught| {
+        unsafe { pg_sys::AbortCurrentTransaction() };
+        Err(caught_message(&caught))
+    })
+    .execute()
+}
+
+fn caught_message(caught: &CaughtError) -> String {
+    match caught {
+        CaughtError::PostgresError(report)
+        | CaughtError::ErrorReport(report)
+        | CaughtError::RustPanic {
+            ereport: report, ..
+        } => report.message().to_string(),
+    }
+}
+
+/// Runs `body` in a subtransaction that is kept only when `body` returns Ok(Some): what it
+/// did is undone when it comes back with nothing or an error. (An ERROR raised inside
+/// aborts the caller's whole transaction, subtransaction included, as any ERROR does.)
+pub fn all_or_nothing<T>(
+    body: impl FnOnce() -> Result<Option<T>, LockError>,
+) -> Result<Option<T>, LockError> {
+    let (context, owner) = unsafe { (pg_sys::CurrentMemoryContext, pg_sys::CurrentResourceOwner) };
+    unsafe {
+        pg_sys::BeginInternalSubTransaction(std::ptr::null());
+        // Results belong to the caller, not to the subtransaction's memory.
+        pg_sys::MemoryContextSwitchTo(context);
+    }
+    let result = body();
+    unsafe {
+        if matches!(result, Ok(Some(_))) {
+            pg_sys::ReleaseCurrentSubTransaction();
+        } else {
+            pg_sys::RollbackAndReleaseCurrentSubTransaction();
+        }
+        pg_sys::MemoryContextSwitchTo(context);
+        pg_sys::CurrentResourceOwner = owner;
+    }
+    result
+}
