@@ -68,7 +68,17 @@ SYSTEMS = {
     "bare_indexed_async": ("bare UPDATE, expires_at indexed, async", "#d0d7de", "async"),
     "redis_always": ("Redis, appendfsync always", "#bf8700", "sync"),
     "redis_everysec": ("Redis, appendfsync everysec", "#f2cc60", "async"),
+    "lockext_shared": ("lockext, shared, one id", "#1f6feb", "sync"),
+    "lockext_shared_epoch": ("lockext, shared, one id, epoch mode", "#0a3069", "async"),
+    "lockext_exclusive": ("lockext, exclusive, random ids", "#1b7c83", "sync"),
+    "advisory_shared": ("advisory locks, shared, one key", "#8250df", "none"),
+    "floor_shared": ("floor of a read lock", "#57606a", "sync"),
+    "floor_shared_async": ("floor of a read lock, both async", "#afb8c1", "async"),
+    "lockext_sem4": ("lockext, 4 permits, waiting", "#1f6feb", "sync"),
+    "lockext_sem16": ("lockext, 16 permits, waiting", "#58a6ff", "sync"),
 }
+# pgbench variables (-D) of the systems that share one script.
+SYSTEM_VARIABLES = {"lockext_sem4": {"permits": 4}, "lockext_sem16": {"permits": 16}}
 
 SYSTEM_NOTES = [
     ("lockext", "`lockext.lock_acquire` then `lockext.lock_release` with the token, one round trip "
@@ -82,10 +92,10 @@ SYSTEM_NOTES = [
     ("lockext_epoch", "`lockext.durability = epoch` and `synchronous_commit = off` for the session: "
                       "grants, releases and fenced writes all commit asynchronously; tokens stay safe "
                       "through boot epochs."),
-    ("lockext_wait", "contended workload only: each attempt calls `lock_acquire(..., wait => '10 "
-                     "seconds')` and waits in lockext's FIFO queue (woken by the release) instead of "
-                     "retrying; its latency is the hand-off latency, from joining the queue to "
-                     "holding the lock."),
+    ("lockext_wait", "contended and semaphore workloads: each attempt calls `lock_acquire(..., wait "
+                     "=> '10 seconds')` on the one exclusive lock and waits in lockext's FIFO queue "
+                     "(woken by the release) instead of retrying; its latency is the hand-off "
+                     "latency, from joining the queue to holding the lock."),
     ("article", "the article's code as SQL, statement for statement, in schema `article` with its "
                 "own table, index and sequence: acquire = `BEGIN; DELETE expired; INSERT ... ON "
                 "CONFLICT DO NOTHING RETURNING; COMMIT` (four round trips), release = `DELETE` by "
@@ -106,6 +116,29 @@ SYSTEM_NOTES = [
                      "(`EVAL`); renew = Lua compare-and-`PEXPIRE`; fenced write = Lua "
                      "compare-and-set on a hash; AOF with `appendfsync always` (durable)."),
     ("redis_everysec", "the same with `appendfsync everysec` (up to a second of writes lost in a crash)."),
+    ("lockext_shared", "`lockext.lock_acquire('shared-hot', ..., mode => 'shared')` then "
+                       "`lockext.lock_release` with the token, every client on the one id (each "
+                       "reader a lease and a token of its own), default settings. No one takes the "
+                       "id exclusively: a refused grant stops the run."),
+    ("lockext_shared_epoch", "the same in epoch mode (`lockext.durability = epoch`, "
+                             "`synchronous_commit = off`)."),
+    ("lockext_exclusive", "the cycle's `lockext` (`bench/pgbench/cycle_lockext.sql`): an exclusive "
+                          "acquire and release of a random one of 100 000 ids, so that no one "
+                          "contends or waits (in the semaphore workload with the grant counter "
+                          "pipelined with the release)."),
+    ("advisory_shared", "`pg_try_advisory_lock_shared(1)` / `pg_advisory_unlock_shared(1)`: "
+                        "PostgreSQL's own read lock, in memory, no lease, no token: the ceiling."),
+    ("floor_shared", "a single-row `INSERT` of (id, owner) into a table keyed by both, as "
+                     "`lockext.shared_leases` is, committed durably, and its `DELETE` committed "
+                     "asynchronously: what any durable read grant pays (it does not even look for "
+                     "a writer)."),
+    ("floor_shared_async", "the same `INSERT` and `DELETE`, both committed asynchronously (the "
+                           "yardstick of epoch mode)."),
+    ("lockext_sem4", "`lockext.lock_acquire('sem:4', ..., wait => '5 seconds', permits => 4)`, then "
+                     "the release with the token and the client's grant counter in one pipeline: "
+                     "each attempt waits in lockext's queue for one of 4 permits."),
+    ("lockext_sem16", "the same on a semaphore of 16 permits (`sem:16`): with 16 clients or fewer, "
+                      "a permit is always free, so that none should wait."),
 ]
 
 # workload -> [(system, pgbench script or ("redis", mode), PGOPTIONS)]
@@ -155,17 +188,38 @@ WORKLOADS = {
         ("redis_always", redis("fenced", "always"), ""),
         ("redis_everysec", redis("fenced", "everysec"), ""),
     ],
+    "shared": [
+        ("lockext_shared", "shared_lockext", ""),
+        ("lockext_shared_epoch", "shared_lockext", EPOCH),
+        ("lockext_exclusive", "cycle_lockext", ""),
+        ("advisory_shared", "shared_advisory", ""),
+        ("floor_shared", "shared_floor", ""),
+        ("floor_shared_async", "shared_floor_async", ""),
+    ],
+    "semaphore": [
+        ("lockext_sem4", "semaphore_lockext", ""),
+        ("lockext_sem16", "semaphore_lockext", ""),
+        ("lockext_wait", "contended_lockext_wait", ""),
+        ("lockext_exclusive", "semaphore_exclusive", ""),
+    ],
 }
-# The references of each workload's ratios: (the article's design, the floor).
+# The references of each workload's ratios: (the article's design, the floor), unless
+# REFERENCE_HEADS names others. Charts show the last one.
 REFERENCES = {
     "cycle": ("article", "floor"),
     "contended": ("article", "floor"),
     "heartbeat": ("article", "bare"),  # async rows: against bare_async
     "fenced": ("article", "article"),  # the article's UPDATE is the bare fenced write
+    "shared": ("lockext_exclusive", "floor_shared"),
+    "semaphore": ("lockext_exclusive", "lockext_wait"),  # no one waits; all on one lock, waiting
 }
+REFERENCE_HEADS = {"shared": ("× exclusive", "× floor"), "semaphore": ("× random ids", "× one lock")}
+# Workloads that count successful operations per client (bench.handoffs_<client>), not
+# transactions: their reports add attempts/s and Jain's fairness index.
+COUNTED = ("contended", "semaphore")
 SCALE_SYSTEMS = [("lockext", ""), ("lockext_epoch", EPOCH)]
 UNITS = {"cycle": "cycles/s", "contended": "hand-offs/s", "heartbeat": "renewals/s",
-         "fenced": "writes/s"}
+         "fenced": "writes/s", "shared": "cycles/s", "semaphore": "grants/s"}
 
 
 class BenchError(Exception):
@@ -419,6 +473,11 @@ def wal_stats():
     return int(rec), int(byt), int(syn), float(syn_ms)
 
 
+def script_variables(system, keys):
+    """The pgbench variables of one system's script (besides Runner.vars)."""
+    return dict({"keys": keys}, **SYSTEM_VARIABLES.get(system, {}))
+
+
 def reset_counters(n):
     psql("DO $$ BEGIN FOR i IN 0..%d LOOP "
          "EXECUTE format('ALTER SEQUENCE bench.handoffs_%%s RESTART', i); END LOOP; END $$" % (n - 1))
@@ -511,22 +570,23 @@ class Runner:
         os.remove(latfile)
         return r
 
-    def run_once(self, workload, target, options, clients, keys, db="postgres"):
+    def run_once(self, workload, target, options, clients, keys, db="postgres", system=None):
         """One run of one system: raw counts, latencies (us), WAL deltas."""
         seconds = None if self.cfg.transactions else self.cfg.round_seconds
         if isinstance(target, tuple):
             r = self.redis_bench(target[1], target[2], clients, keys)
-            ops = r["ok"] if workload == "contended" else r["transactions"]
+            ops = r["ok"] if workload in COUNTED else r["transactions"]
             return {"n": r["transactions"], "elapsed": r["seconds"], "ops": ops, "lat": r["lat"],
                     "counts": r["per_client_ok"], "wal": None, "statements": []}
-        if workload == "contended":
+        if workload in COUNTED:
             reset_counters(clients)
         w0 = wal_stats()
         r = self.pgbench(target, clients, options, seconds=seconds,
-                         transactions=self.cfg.transactions, variables={"keys": keys}, db=db)
+                         transactions=self.cfg.transactions, variables=script_variables(system, keys),
+                         db=db)
         w1 = wal_stats()
         self.check_alive()
-        counts = read_counters(clients) if workload == "contended" else None
+        counts = read_counters(clients) if workload in COUNTED else None
         return {"n": r["n"], "elapsed": r["n"] / r["tps"], "ops": sum(counts) if counts else r["n"],
                 "lat": [x for x, _ in r["lat"]], "counts": counts,
                 "wal": [b - a for a, b in zip(w0, w1)], "statements": r["statements"]}
@@ -571,7 +631,8 @@ class Runner:
         for rnd in range(self.cfg.rounds):
             order = entries if rnd % 2 == 0 else list(reversed(entries))
             for system, target, options in order:
-                runs[system].append(self.run_once(workload, target, options, clients, keys))
+                runs[system].append(self.run_once(workload, target, options, clients, keys,
+                                                  system=system))
         rows = []
         for system, _, _ in entries:
             row = self.combine(workload, system, clients, runs[system], extra)
@@ -592,7 +653,7 @@ class Runner:
             for system, target, options in entries:
                 if not isinstance(target, tuple):
                     self.pgbench(target, min(16, max(self.cfg.clients)), options, seconds=1,
-                                 tag="warmup", variables={"keys": keys})
+                                 tag="warmup", variables=script_variables(system, keys))
         for clients in self.cfg.clients:
             psql("VACUUM")
             self.point(name, entries, clients, keys)
@@ -600,7 +661,7 @@ class Runner:
 
     def after_clients(self, name):
         """Sanity checks that the scripts did what they claim."""
-        if name == "cycle":
+        if name in ("cycle", "shared", "semaphore"):
             left = psql("SELECT (SELECT count(*) FROM lockext.locks WHERE lock_id LIKE 'lock:%'), "
                         "(SELECT count(*) FROM article.distributed_locks WHERE lock_id LIKE 'lock:%'), "
                         "(SELECT count(*) FROM floor.leases WHERE lock_id LIKE 'lock:%')")
@@ -619,6 +680,12 @@ class Runner:
                            "(SELECT count(*) FROM article.protected_resources WHERE data = '{\"n\": 1}')")
             if "0" in written.split("|"):
                 raise BenchError(f"fenced writes wrote nothing (lockext|article): {written}")
+        if name in ("shared", "semaphore"):
+            left = psql("SELECT (SELECT count(*) FROM lockext.holders WHERE lock_id IN "
+                        "('shared-hot', 'sem:4', 'sem:16', 'hot')), "
+                        "(SELECT count(*) FROM floor.shared_leases)")
+            if left != "0|0":
+                raise BenchError(f"{name} left holders behind (lockext|floor): {left}")
 
 
 # ---------------------------------------------------------------------------------------
@@ -855,10 +922,12 @@ def commits_async(row, results):
 
 
 def floor_of(workload, row, results):
-    art, flo = REFERENCES[workload]
+    """The systems a row's ratios are against (REFERENCES, the heartbeat's floor committed
+    the way the row commits)."""
+    refs = list(REFERENCES[workload])
     if workload == "heartbeat" and commits_async(row, results):
-        flo = "bare_async"
-    return art, flo
+        refs[1] = "bare_async"
+    return refs
 
 
 def report(cfg, results, meta, chart_names):
@@ -878,7 +947,8 @@ def report(cfg, results, meta, chart_names):
         L.append("")
     L.append("Latencies are of one whole transaction of the workload (a cycle is acquire + release), "
              "in ms. **× article** and **× floor** divide this row's value by the article's design "
-             "and by the floor at the same client count: above 1 is better for throughput, below 1 "
+             "and by the floor (or by the references that the section's title names) at the same "
+             "client count: above 1 is better for throughput, below 1 "
              "is better for latency. fsyncs, WAL bytes: per operation, from pg_stat_wal (all "
              "processes, so WAL writer flushes of asynchronous commits count too); WAL recs: WAL records per "
              "operation.")
@@ -891,35 +961,18 @@ def report(cfg, results, meta, chart_names):
                      "(× floor = against the bare UPDATE committed the same way)",
         "fenced": "4. Fenced writes: a valid token on random ones of {hb} resources "
                   "(the article's fenced UPDATE, with >=, is the floor here)",
+        "shared": "7. Shared locks: every client takes `mode => 'shared'` on one id, releases it "
+                  "(× exclusive = lockext's exclusive cycle on {keys} random ids; × floor = the "
+                  "floor of a read lock)",
+        "semaphore": "8. Semaphore: every client on one semaphore, waiting for a permit "
+                     "(throughput = grants; latency = one attempt, from joining the queue to the "
+                     "permit, and the release; × random ids = exclusive locks on {keys} random "
+                     "ids, where no one waits; × one lock = the same clients waiting for one "
+                     "exclusive lock; Jain's index of grants per client, 1 = even)",
     }
+    fmt = {"keys": num(cfg.keys), "hb": num(cfg.hb_keys)}
     for name in ("cycle", "contended", "heartbeat", "fenced"):
-        rows = [r for r in results if r["workload"] == name]
-        if not rows:
-            continue
-        L.append("## " + titles[name].format(keys=f"{cfg.keys:,}".replace(",", " "),
-                                              hb=f"{cfg.hb_keys:,}".replace(",", " ")))
-        L.append("")
-        head = ["clients", "system", UNITS[name], "× article", "× floor", "p50 ms", "× article",
-                "× floor", "p99 ms", "× article", "× floor"]
-        if name == "contended":
-            head += ["attempts/s", "Jain"]
-        head += ["fsyncs", "WAL recs", "WAL B"]
-        L.append("| " + " | ".join(head) + " |")
-        L.append("|" + "|".join("---:" if i not in (1,) else "---" for i in range(len(head))) + "|")
-        for r in rows:
-            art, flo = floor_of(name, r, results)
-            a = find(results, name, art, r["clients"])
-            f = find(results, name, flo, r["clients"])
-            cells = [str(r["clients"]), r["label"] if r["system"] not in ("lockext", "lockext_async",
-                     "lockext_epoch", "lockext_wait") else f"**{r['label']}**",
-                     fmt_num(r["tps"]), ratio(r["tps"], a and a["tps"]), ratio(r["tps"], f and f["tps"]),
-                     fmt_ms(r["p50"]), ratio(r["p50"], a and a["p50"]), ratio(r["p50"], f and f["p50"]),
-                     fmt_ms(r["p99"]), ratio(r["p99"], a and a["p99"]), ratio(r["p99"], f and f["p99"])]
-            if name == "contended":
-                cells += [fmt_num(r.get("attempts")), f"{r['jain']:.3f}" if "jain" in r else "—"]
-            cells += [fmt_num(r.get("fsyncs")), fmt_num(r.get("wal_records")), fmt_num(r.get("wal_bytes"))]
-            L.append("| " + " | ".join(cells) + " |")
-        L.append("")
+        L += workload_table(name, titles[name].format(**fmt), results)
 
     rows = [r for r in results if r["workload"] == "scale"]
     if rows:
@@ -961,6 +1014,9 @@ def report(cfg, results, meta, chart_names):
                      f"{ratio(r['p99_during'], r['p99_before'])} |")
         L.append("")
 
+    for name in ("shared", "semaphore"):
+        L += workload_table(name, titles[name].format(**fmt), results)
+
     L.append("## The systems")
     L.append("")
     for key, text in SYSTEM_NOTES:
@@ -987,15 +1043,47 @@ def report(cfg, results, meta, chart_names):
     return "\n".join(L) + "\n"
 
 
+def workload_table(name, title, results):
+    """One workload's section: each row against the workload's references, at the same
+    client count."""
+    rows = [r for r in results if r["workload"] == name]
+    if not rows:
+        return []
+    heads = REFERENCE_HEADS.get(name, ("× article", "× floor"))
+    head = ["clients", "system"]
+    for metric in (UNITS[name], "p50 ms", "p99 ms"):
+        head += [metric, *heads]
+    if name in COUNTED:
+        head += ["attempts/s", "Jain"]
+    head += ["fsyncs", "WAL recs", "WAL B"]
+    L = ["## " + title, ""]
+    L.append("| " + " | ".join(head) + " |")
+    L.append("|" + "|".join("---:" if i not in (1,) else "---" for i in range(len(head))) + "|")
+    for r in rows:
+        refs = [find(results, name, ref, r["clients"]) for ref in floor_of(name, r, results)]
+        cells = [str(r["clients"]), f"**{r['label']}**" if r["system"].startswith("lockext") else r["label"]]
+        for key, fmt in (("tps", fmt_num), ("p50", fmt_ms), ("p99", fmt_ms)):
+            cells += [fmt(r[key])] + [ratio(r[key], ref and ref[key]) for ref in refs]
+        if name in COUNTED:
+            cells += [fmt_num(r.get("attempts")), f"{r['jain']:.3f}" if "jain" in r else "—"]
+        cells += [fmt_num(r.get("fsyncs")), fmt_num(r.get("wal_records")), fmt_num(r.get("wal_bytes"))]
+        L.append("| " + " | ".join(cells) + " |")
+    L.append("")
+    return L
+
+
 def targets(cfg, results):
     L = ["## Targets of issue 6", ""]
     L.append("| target | clients | measured | met |")
     L.append("|---|---:|---:|:---:|")
 
+    measured = []
+
     def line(what, clients, value, goal, higher=True):
         if value is None:
             L.append(f"| {what} | {clients} | — | — |")
             return
+        measured.append(what)
         ok = value >= goal if higher else value <= goal
         L.append(f"| {what} | {clients} | {value:.2f}× | {'yes' if ok else '**no**'} |")
 
@@ -1037,7 +1125,7 @@ def targets(cfg, results):
             line(f"{SYSTEMS[system][0]} renewals ≥ 0.9× {SYSTEMS[ref][0]} (committed the same way)",
                  clients, r and b and r["tps"] / b["tps"], 0.9)
     L.append("")
-    return L
+    return L if measured else []  # a run without the cycle, scale or heartbeat workloads
 
 
 def breakdown(results):
@@ -1045,9 +1133,10 @@ def breakdown(results):
     L = ["## Where the time goes (cycle, per statement, pgbench -r)", ""]
     L.append("| clients | system | statement latencies, ms | fsyncs/cycle | WAL records | WAL bytes | µs per WAL fsync |")
     L.append("|---:|---|---|---:|---:|---:|---:|")
-    for r in results:
-        if r["workload"] != "cycle" or "statements" not in r:
-            continue
+    rows = [r for r in results if r["workload"] == "cycle" and "statements" in r]
+    if not rows:
+        return []
+    for r in rows:
         stmts = "; ".join(f"{short(s)} {ms:.3f}" for ms, s in r["statements"])
         L.append(f"| {r['clients']} | {r['label']} | {stmts} | {fmt_num(r['fsyncs'])} | "
                  f"{fmt_num(r['wal_records'])} | {fmt_num(r['wal_bytes'])} | {fmt_num(r['fsync_us'])} |")
@@ -1076,7 +1165,7 @@ def esc(s):
 def chart_throughput(cfg, results):
     """One panel per workload: each system's throughput as a multiple of the floor, on a log
     scale, grouped by client count."""
-    panels = [n for n in ("cycle", "contended", "heartbeat", "fenced")
+    panels = [n for n in ("cycle", "contended", "heartbeat", "fenced", "shared", "semaphore")
               if any(r["workload"] == n for r in results)]
     W, left, right = 980, 250, 120
     plot_w = W - left - right
@@ -1092,12 +1181,15 @@ def chart_throughput(cfg, results):
     titles = {"cycle": "Cycle: acquire + release, random lock (× floor)",
               "contended": "Contended: hand-offs on one lock (× floor)",
               "heartbeat": "Heartbeat: renewals (× bare UPDATE, durable)",
-              "fenced": "Fenced writes (× the article's fenced UPDATE)"}
+              "fenced": "Fenced writes (× the article's fenced UPDATE)",
+              "shared": "Shared locks: acquire + release, one id (× floor of a read lock)",
+              "semaphore": "Semaphore: grants, waiting (× one exclusive lock, waiting)"}
     y = 50
     for name in panels:
         rows = [r for r in results if r["workload"] == name]
         systems = [s for s, _, _ in WORKLOADS[name] if any(r["system"] == s for r in rows)]
-        ref = REFERENCES[name][1]
+        ref = REFERENCES[name][-1]
+        ref_head = REFERENCE_HEADS.get(name, ("× floor",))[-1]
         out.append(f'<text x="{left}" y="{y}" class="title">{esc(titles[name])}</text>')
         y += 12
         top = y
@@ -1119,7 +1211,7 @@ def chart_throughput(cfg, results):
                            f'text-anchor="end">{esc(label)}</text>')
                 out.append(f'<rect x="{x0:.1f}" y="{y}" width="{max(x1 - x0, 1):.1f}" height="{bar_h}" '
                            f'fill="{colour}"><title>{esc(label)}, {clients} clients: '
-                           f'{r["tps"]:.0f} {UNITS[name]}, {v:.2f}× floor</title></rect>')
+                           f'{r["tps"]:.0f} {UNITS[name]}, {v:.2f}{ref_head}</title></rect>')
                 out.append(f'<text x="{x1 + 4:.1f}" y="{y + bar_h - 3}" class="value">'
                            f'{v:.2f}× · {fmt_num(r["tps"])}/s</text>')
                 y += bar_h + gap
@@ -1149,8 +1241,8 @@ def chart_throughput(cfg, results):
             '.target{stroke:#cf222e;stroke-width:1;stroke-dasharray:4 3}</style>'
             f'<rect width="{W}" height="{H}" fill="white"/>'
             f'<text x="16" y="24" font-size="17" font-weight="bold" fill="#24292f">'
-            f'lockext vs. the article, advisory locks, Redis and the floor: throughput, '
-            f'log scale (1× = the floor)</text>')
+            f'lockext side by side: throughput, log scale (1× = the reference named in '
+            f'each panel\'s title)</text>')
     return head + "".join(out) + "</svg>\n"
 
 
@@ -1281,7 +1373,7 @@ class Config:
 def skip_epoch():
     log("BENCH_SKIP_EPOCH=1: lockext's epoch mode is left out")
     for name, entries in WORKLOADS.items():
-        WORKLOADS[name] = [e for e in entries if e[0] != "lockext_epoch"]
+        WORKLOADS[name] = [e for e in entries if e[2] != EPOCH]
     SCALE_SYSTEMS[:] = [s for s in SCALE_SYSTEMS if s[0] != "lockext_epoch"]
 
 
@@ -1324,7 +1416,8 @@ def config(smoke):
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--smoke", action="store_true", help="every script once, briefly (CI)")
-    ap.add_argument("--only", help="comma-separated workloads: cycle,contended,heartbeat,fenced,scale,reaper")
+    ap.add_argument("--only", help="comma-separated workloads: cycle,contended,heartbeat,fenced,scale,"
+                                   "reaper,shared,semaphore")
     ap.add_argument("--render", metavar="JSON", help="only write the report again from a run's JSON")
     args = ap.parse_args()
     if args.render:
@@ -1374,6 +1467,9 @@ def run_all(cfg, cluster, only, started, is_debug):
             scale(runner)
         if want("reaper"):
             reaper(runner)
+        for name in ("shared", "semaphore"):
+            if want(name):
+                runner.workload(name, cfg.keys)
         runner.check_alive()
 
         pg_version = psql("SHOW server_version")
@@ -1384,7 +1480,9 @@ def run_all(cfg, cluster, only, started, is_debug):
 
     elapsed = time.time() - started
     meta = {"date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
-            "command": "make bench-smoke" if cfg.smoke else "make bench",
+            "command": ("make bench-smoke" if cfg.smoke else "make bench") if not only else
+                       "python3 bench/bench.py " + ("--smoke " if cfg.smoke else "") +
+                       "--only " + ",".join(sorted(only)),
             "host": socket.gethostname(), "cpus": os.cpu_count(),
             "duration": (f"{cfg.transactions} transactions per client" if cfg.transactions
                          else f"{cfg.rounds} × {cfg.round_seconds} s"),

@@ -31,6 +31,13 @@ CREATE TABLE floor.leases (
   lock_id text PRIMARY KEY,
   owner   text NOT NULL
 );
+-- The floor of a read lock: one row per reader, keyed (lock_id, owner) as
+-- lockext.shared_leases is, so that many readers hold one id at once. Nothing else.
+CREATE TABLE floor.shared_leases (
+  lock_id text NOT NULL,
+  owner   text NOT NULL,
+  PRIMARY KEY (lock_id, owner)
+);
 
 -- Bare single-row UPDATEs, the yardstick for renewals: the same row shape as a lease,
 -- without and with an index on the column a renewal changes (with it, no HOT update).
@@ -47,13 +54,20 @@ CREATE TABLE bare.leases_indexed (
 );
 CREATE INDEX ON bare.leases_indexed (expires_at);
 
--- Per-client hand-off counters for the contended workload: one UNLOGGED sequence per
--- pgbench client. nextval on it writes no WAL and takes no transaction id, so counting
--- costs no fsync and changes nothing about how the counted transaction commits.
+-- Per-client hand-off counters for the contended and semaphore workloads: one UNLOGGED
+-- sequence per pgbench client. nextval on it writes no WAL and takes no transaction id, so
+-- counting costs no fsync and changes nothing about how the counted transaction commits.
 CREATE SCHEMA bench;
 DO $$
 BEGIN
   FOR i IN 0..63 LOOP
     EXECUTE format('CREATE UNLOGGED SEQUENCE bench.handoffs_%s', i);
   END LOOP;
+END $$;
+
+-- A grant that a workload cannot be refused (a read lock that no writer ever takes): the
+-- script calls this, which stops pgbench, rather than count the refusal as a cycle.
+CREATE FUNCTION bench.refused(what text) RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+  RAISE EXCEPTION 'bench: % was refused', what;
 END $$;
