@@ -19,6 +19,7 @@ CREATE TABLE lockext.shared_leases (
     lock_id          text        NOT NULL,
     owner            text        NOT NULL,
     permits          integer     CHECK (permits > 0),
+    slot             integer     CHECK (slot BETWEEN 1 AND permits),
     fence_token      bigint      NOT NULL,
     holder_role      oid         NOT NULL,
     acquired_at      timestamptz NOT NULL,

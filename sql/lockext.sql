@@ -49,11 +49,13 @@ CREATE INDEX locks_session_idx ON lockext.locks (taker_pid) WHERE session_start 
 -- Leases that share a lock id: shared (read) leases, and the permits of counting
 -- semaphores. One row per holder, each with a fence token of its own; the columns mean what
 -- they mean in lockext.locks. A shared lease has permits NULL; a permit records how many
--- permits its semaphore has, which every live permit of one semaphore agrees on.
+-- permits its semaphore has, which every live permit of one semaphore agrees on, and its
+-- slot: which of the n permits it is (no two live permits share one).
 CREATE TABLE lockext.shared_leases (
     lock_id          text        NOT NULL,
     owner            text        NOT NULL,
     permits          integer     CHECK (permits > 0),
+    slot             integer     CHECK (slot BETWEEN 1 AND permits),
     fence_token      bigint      NOT NULL,
     holder_role      oid         NOT NULL,
     acquired_at      timestamptz NOT NULL,

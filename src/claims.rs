@@ -9,6 +9,11 @@
 //!   Once the first commits, its lease is visible to whoever passes next.
 //! - The claim of a shared lease's row: a row being inserted by an open transaction cannot
 //!   be locked, and an INSERT that meets it waits, so its creator claims it first.
+//! - The kind of a lock id, claimed by shared and semaphore acquires, so that an id does not
+//!   become a lock and a semaphore at once.
+//! - The claim of a semaphore's slot: a taker claims one of the n slots, then checks that no
+//!   live permit is in it, so two takers never fill one slot and n permits are never
+//!   exceeded, while takers of different slots go side by side.
 //!
 //! Claims use the server's shared lock table, sized by max_locks_per_transaction. One
 //! transaction keeps at most half that many. Past that (a bulk load of leases in one
@@ -23,10 +28,13 @@ use pgrx::pg_sys;
 use crate::error::LockError;
 
 /// Lockext's claims among advisory locks in `pg_locks` (objsubid 19531 "LK", 19535 "LO",
-/// 19522 "LB"); the built-in advisory functions use 1 and 2, so they never collide.
+/// 19522 "LB", 19539 "LS", 19540 "LT"); the built-in advisory functions use 1 and 2, so they never
+/// collide.
 const GATE_TAG: u16 = 0x4C4B;
 const ROW_TAG: u16 = 0x4C4F;
 const BULK_TAG: u16 = 0x4C42;
+const SLOT_TAG: u16 = 0x4C53;
+const KIND_TAG: u16 = 0x4C54;
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
@@ -109,6 +117,53 @@ pub fn try_claim_row(lock_id: &str, owner: &str) -> bool {
             true
         }
         Some(_) => true,
+    }
+}
+
+/// Claims the kind of lock id `lock_id` for this transaction, after its gate was passed in
+/// shared mode: shared leases with each other, or permits with each other, never both. So
+/// two first acquires of an id cannot make it a lock and a semaphore at once. False when
+/// an acquire of the other kind is in flight.
+pub fn try_kind(lock_id: &str, semaphore: bool) -> Result<bool, LockError> {
+    let tag = tag_of(KIND_TAG, fnv1a(lock_id.as_bytes()));
+    // Each mode is compatible with itself and conflicts with the other.
+    let mode = if semaphore {
+        pg_sys::ShareLock
+    } else {
+        pg_sys::RowExclusiveLock
+    } as pg_sys::LOCKMODE;
+    match unsafe { pg_sys::LockAcquire(&tag, mode, false, true) } {
+        pg_sys::LockAcquireResult::LOCKACQUIRE_NOT_AVAIL => Ok(false),
+        pg_sys::LockAcquireResult::LOCKACQUIRE_OK if !keep_another_claim() => {
+            unsafe { pg_sys::LockRelease(&tag, mode, false) };
+            Err(LockError::TooManyClaims)
+        }
+        _ => Ok(true),
+    }
+}
+
+/// A semaphore slot claimed by this call; `give_back` when the slot turns out taken.
+pub struct SlotClaim(pg_sys::LOCKTAG, bool);
+
+impl SlotClaim {
+    pub fn give_back(self) {
+        if self.1 {
+            unsafe { pg_sys::LockRelease(&self.0, Mode::Exclusive.lockmode(), false) };
+        }
+    }
+}
+
+/// Claims slot `slot` of semaphore `lock_id`; None when another taker is filling it now.
+pub fn try_claim_slot(lock_id: &str, slot: i32) -> Result<Option<SlotClaim>, LockError> {
+    let key = fnv1a(lock_id.as_bytes()) ^ (slot as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    let tag = tag_of(SLOT_TAG, key);
+    match try_lock(&tag, Mode::Exclusive) {
+        None => Ok(None),
+        Some(true) if !keep_another_claim() => {
+            unsafe { pg_sys::LockRelease(&tag, Mode::Exclusive.lockmode(), false) };
+            Err(LockError::TooManyClaims)
+        }
+        Some(newly_taken) => Ok(Some(SlotClaim(tag, newly_taken))),
     }
 }
 

@@ -33,7 +33,8 @@ use crate::wait;
 
 // Parameters shared by the acquire statements: $1 lock_id, $2 owner, $3 calling role,
 // $4 ttl, $5 now, $6 token epoch, $7 the new grant's lock-delay, $8 the session the lease
-// is bound to (NULL: none), $9 the semaphore's permits (shared_leases only).
+// is bound to (NULL: none), $9 the semaphore's permits and $10 the permit's slot
+// (shared_leases only).
 pub(crate) const ACQUIRE_PARAMS: &[pg_sys::PgBuiltInOids] = &[
     TEXTOID,
     TEXTOID,
@@ -43,6 +44,7 @@ pub(crate) const ACQUIRE_PARAMS: &[pg_sys::PgBuiltInOids] = &[
     INT8OID,
     INTERVALOID,
     TIMESTAMPTZOID,
+    INT4OID,
     INT4OID,
 ];
 
@@ -385,6 +387,7 @@ pub fn acquire(request: &Request<'_>) -> Result<Option<Grant>, LockError> {
         micros_interval(request.lock_delay).into(),
         request.session.into(),
         permits.into(),
+        DatumWithOid::null::<i32>(), // the slot, chosen by a semaphore's taker
     ];
     let granted = if request.wait.is_zero() {
         attempt(request, &mut args, 0)?.0
@@ -417,7 +420,7 @@ pub fn acquire(request: &Request<'_>) -> Result<Option<Grant>, LockError> {
     Ok(Some(grant))
 }
 
-pub type Args<'a> = [DatumWithOid<'a>; 9];
+pub type Args<'a> = [DatumWithOid<'a>; 10];
 
 /// Queues for the lock and tries each time it is woken (or its nap ends), until the
 /// deadline. The server clock in `args` is read again before each try.
@@ -455,9 +458,11 @@ pub type Attempt = (Option<Granted>, Option<Duration>);
 
 /// One try at the lock, through its gate (`claims.rs`).
 fn attempt(request: &Request<'_>, args: &mut Args<'_>, ticket: u64) -> Result<Attempt, LockError> {
+    // Shared leases and permits go side by side (a semaphore's takers then claim slots);
+    // an exclusive acquire goes alone.
     let mode = match request.kind {
-        Kind::Shared => claims::Mode::Shared,
-        _ => claims::Mode::Exclusive,
+        Kind::Exclusive => claims::Mode::Exclusive,
+        _ => claims::Mode::Shared,
     };
     // No jumping the queue of callers waiting for this lock, and no passing the gate while
     // a conflicting acquire is in flight...
@@ -465,6 +470,18 @@ fn attempt(request: &Request<'_>, args: &mut Args<'_>, ticket: u64) -> Result<At
         None
     } else {
         claims::try_gate(request.lock_id, mode)?
+    };
+    let gate = match (gate, request.kind) {
+        (Some(gate), Kind::Shared | Kind::Semaphore(_)) => {
+            let semaphore = matches!(request.kind, Kind::Semaphore(_));
+            if claims::try_kind(request.lock_id, semaphore)? {
+                Some(gate)
+            } else {
+                gate.reopen();
+                None
+            }
+        }
+        (gate, _) => gate,
     };
     let Some(gate) = gate else {
         // ...except for a holder asking again (a retry after a lost reply): it gets its

@@ -7,10 +7,17 @@
 //!   say, or the asker's N when it has none. An owner holds at most one permit of a
 //!   semaphore.
 //!
-//! Counting holders is safe because every acquire of a lock id passes its gate first
-//! (`claims.rs`): shared acquires together, a semaphore's takers one at a time, and each
-//! counts under the newest snapshot, so it sees every lease committed before it passed.
+//! Every acquire of a lock id passes its gate first (`claims.rs`): shared leases and
+//! permits together, an exclusive lease alone; each then looks under the newest snapshot,
+//! so it sees every lease committed before it passed. A semaphore's permits are counted by
+//! slots: a taker claims one of the n slots, then checks that no live permit is in it.
+//! Two takers never fill one slot, so n permits are never exceeded, and takers of
+//! different slots do not wait for each other's commits.
 
+use std::collections::HashSet;
+
+use pgrx::datum::DatumWithOid;
+use pgrx::pg_sys;
 use pgrx::spi::SpiClient;
 
 use crate::claims;
@@ -28,7 +35,8 @@ use crate::token::{self, mint_sql};
 static PEEK: Statement = Statement {
     sql: concat!(
         "SELECT x.held, x.free_ms, s.others, s.permits, s.shared, s.next_free_ms, \
-                EXISTS (SELECT FROM lockext.shared_leases WHERE lock_id = $1 AND owner = $2) \
+                EXISTS (SELECT FROM lockext.shared_leases WHERE lock_id = $1 AND owner = $2), \
+                s.mine_live \
            FROM (SELECT) AS one \
            LEFT JOIN LATERAL ( \
                 SELECT expires_at + lock_delay > $5 AS held, ",
@@ -36,7 +44,8 @@ static PEEK: Statement = Statement {
         " AS free_ms FROM lockext.locks WHERE lock_id = $1) AS x ON true \
            CROSS JOIN LATERAL ( \
                 SELECT count(*) FILTER (WHERE NOT mine) AS others, min(permits) AS permits, \
-                       bool_or(permits IS NULL) AS shared, ",
+                       bool_or(permits IS NULL) AS shared, \
+                       coalesce(bool_or(mine AND expires_at > $5), false) AS mine_live, ",
         ms_until!("min(expires_at + lock_delay) FILTER (WHERE NOT mine)"),
         " AS next_free_ms \
                   FROM (SELECT permits, expires_at, lock_delay, \
@@ -47,11 +56,29 @@ static PEEK: Statement = Statement {
     params: ACQUIRE_PARAMS,
 };
 
-// The caller's own row: extended when live (same grant), renewed with a new token when not.
-// A row of the same owner name but another role is taken only once it is free.
+// The slots of the live permits of others.
+static SLOTS_TAKEN: Statement = Statement {
+    sql: "SELECT slot FROM lockext.shared_leases \
+           WHERE lock_id = $1 AND slot IS NOT NULL AND expires_at + lock_delay > $5 \
+             AND NOT (owner = $2 AND holder_role = $3)",
+    params: ACQUIRE_PARAMS,
+};
+
+// Is slot $10 taken by a live permit of someone else's?
+static SLOT_TAKEN: Statement = Statement {
+    sql: "SELECT EXISTS (SELECT FROM lockext.shared_leases \
+                          WHERE lock_id = $1 AND slot = $10 AND expires_at + lock_delay > $5 \
+                            AND NOT (owner = $2 AND holder_role = $3))",
+    params: ACQUIRE_PARAMS,
+};
+
+// The caller's own row: extended when live (same grant, same slot), renewed with a new
+// token (and the slot just claimed) when not. A row of the same owner name but another
+// role is taken only once it is free.
 static TAKE_OVER: Statement = Statement {
     sql: concat!(
-        "UPDATE lockext.shared_leases AS l SET permits = $9, ",
+        "UPDATE lockext.shared_leases AS l \
+            SET permits = $9, slot = CASE WHEN c.same_grant THEN l.slot ELSE $10 END, ",
         grant_sets!(),
         " FROM (SELECT lock_id, owner, fence_token AS old_token, \
                         expires_at > $5 AND holder_role = $3 AS same_grant \
@@ -69,9 +96,10 @@ static TAKE_OVER: Statement = Statement {
 static INSERT_NEW: Statement = Statement {
     sql: concat!(
         "INSERT INTO lockext.shared_leases AS l \
-                (lock_id, owner, permits, holder_role, fence_token, acquired_at, expires_at, \
-                 renewals, lock_delay, session_start, taker_pid, application_name, client_addr) \
-         VALUES ($1, $2, $9, $3, ",
+                (lock_id, owner, permits, slot, holder_role, fence_token, acquired_at, \
+                 expires_at, renewals, lock_delay, session_start, taker_pid, application_name, \
+                 client_addr) \
+         VALUES ($1, $2, $9, $10, $3, ",
         mint_sql!(),
         ", $5, $5 + $4, 0, $7, $8, pg_backend_pid(), current_setting('application_name'), \
            inet_client_addr()) \
@@ -128,6 +156,12 @@ pub fn attempt(
                 }
                 _ => {}
             }
+            if peek.get::<bool>(8) != Some(true) {
+                // Not the caller's own live permit again: a free slot for a new one.
+                if claim_free_slot(request.lock_id, asked, args)?.is_none() {
+                    return Ok((None, None)); // the free slots are being filled right now
+                }
+            }
         }
         Kind::Exclusive => unreachable!("exclusive leases live in lockext.locks"),
     }
@@ -140,4 +174,40 @@ pub fn attempt(
         take(client, &args[..], row_exists, &TAKE_OVER, &INSERT_NEW)?,
         None,
     ))
+}
+
+/// Claims a slot of the semaphore that no live permit holds, trying the free ones from a
+/// place of this backend's own, so that takers arriving together try different slots.
+/// The claim is kept to the end of the transaction; the slot number is returned.
+fn claim_free_slot(
+    lock_id: &str,
+    permits: i32,
+    args: &mut Args<'_>,
+) -> Result<Option<i32>, LockError> {
+    let taken: HashSet<i32> = SLOTS_TAKEN
+        .read_latest_all(&args[..])
+        .iter()
+        .filter_map(|row| row.get::<i32>(1))
+        .collect();
+    let free: Vec<i32> = (1..=permits).filter(|s| !taken.contains(s)).collect();
+    let start = unsafe { pg_sys::MyProcPid } as usize;
+    for i in 0..free.len() {
+        let slot = free[(start + i) % free.len()];
+        let Some(claim) = claims::try_claim_slot(lock_id, slot)? else {
+            continue;
+        };
+        // Look again now that the slot is ours: a taker that filled it and committed
+        // since the first look had held this claim until its commit.
+        args[9] = slot.into();
+        if SLOT_TAKEN
+            .read_latest(&args[..])
+            .and_then(|row| row.get::<bool>(1))
+            == Some(false)
+        {
+            return Ok(Some(slot));
+        }
+        claim.give_back();
+    }
+    args[9] = DatumWithOid::null::<i32>();
+    Ok(None)
 }

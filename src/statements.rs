@@ -84,6 +84,15 @@ impl Statement {
     /// transaction whose snapshot is older; foreign-key checks read the same way. Needs a
     /// connected SPI (inside `Spi::connect_mut`).
     pub fn read_latest(&'static self, args: &[DatumWithOid<'_>]) -> Option<LatestRow> {
+        self.read_latest_rows(args, 1).into_iter().next()
+    }
+
+    /// As `read_latest`, every row.
+    pub fn read_latest_all(&'static self, args: &[DatumWithOid<'_>]) -> Vec<LatestRow> {
+        self.read_latest_rows(args, 0)
+    }
+
+    fn read_latest_rows(&'static self, args: &[DatumWithOid<'_>], limit: i64) -> Vec<LatestRow> {
         let plan = RAW_PLANS.with(|plans| {
             *plans.borrow_mut().entry(self.sql).or_insert_with(|| {
                 let sql = CString::new(self.sql).expect("statement text has no NUL");
@@ -119,25 +128,26 @@ impl Statement {
                 std::ptr::null_mut(),
                 true,
                 false,
-                1,
+                limit,
             );
             let table = pg_sys::SPI_tuptable;
-            if status != pg_sys::SPI_OK_SELECT as i32
-                || table.is_null()
-                || pg_sys::SPI_processed == 0
-            {
-                return None;
+            if status != pg_sys::SPI_OK_SELECT as i32 || table.is_null() {
+                return Vec::new();
             }
-            let tuple = *(*table).vals;
             let desc = (*table).tupdesc;
-            let row = (1..=(*desc).natts)
-                .map(|i| {
-                    let mut is_null = false;
-                    let d = pg_sys::SPI_getbinval(tuple, desc, i, &mut is_null);
-                    (!is_null).then_some(d)
+            (0..pg_sys::SPI_processed as usize)
+                .map(|r| {
+                    let tuple = *(*table).vals.add(r);
+                    let row = (1..=(*desc).natts)
+                        .map(|i| {
+                            let mut is_null = false;
+                            let d = pg_sys::SPI_getbinval(tuple, desc, i, &mut is_null);
+                            (!is_null).then_some(d)
+                        })
+                        .collect();
+                    LatestRow(row)
                 })
-                .collect();
-            Some(LatestRow(row))
+                .collect()
         }
     }
 }
