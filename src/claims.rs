@@ -63,6 +63,7 @@ impl Gate {
     pub fn reopen(self) {
         if self.newly_taken {
             unsafe { pg_sys::LockRelease(&self.tag, self.mode.lockmode(), false) };
+            forget_claim();
         }
     }
 }
@@ -149,6 +150,7 @@ impl SlotClaim {
     pub fn give_back(self) {
         if self.1 {
             unsafe { pg_sys::LockRelease(&self.0, Mode::Exclusive.lockmode(), false) };
+            forget_claim();
         }
     }
 }
@@ -208,6 +210,18 @@ fn keep_another_claim() -> bool {
         kept.set((lxid, n + 1));
         true
     })
+}
+
+/// Takes back the count of a claim given back: a waiter tries again and again in one
+/// transaction, and only what it keeps counts.
+fn forget_claim() {
+    let lxid = unsafe { (*pg_sys::MyProc).lxid };
+    CLAIMS_KEPT.with(|kept| {
+        let (xact, n) = kept.get();
+        if xact == lxid && n > 0 {
+            kept.set((xact, n - 1));
+        }
+    });
 }
 
 /// FNV-1a, 64 bits: stable across builds and processes, as a lock key shared by backends

@@ -429,11 +429,15 @@ fn wait_for(
     args: &mut Args<'_>,
     deadline: Instant,
 ) -> Result<Option<Granted>, LockError> {
-    let ticket = wait::Ticket::take(request.lock_id);
+    let window = match request.kind {
+        Kind::Semaphore(n) => n as u32,
+        _ => 1,
+    };
+    let ticket = wait::Ticket::take(request.lock_id, window);
     let mut nap = Duration::ZERO;
     loop {
         let mut free_in = None;
-        if ticket.is_head() {
+        if ticket.may_try() {
             args[4] = server_now()?.into();
             let (granted, until_free) = attempt(request, args, ticket.number())?;
             if granted.is_some() {
@@ -466,7 +470,7 @@ fn attempt(request: &Request<'_>, args: &mut Args<'_>, ticket: u64) -> Result<At
     };
     // No jumping the queue of callers waiting for this lock, and no passing the gate while
     // a conflicting acquire is in flight...
-    let gate = if wait::others_ahead(request.lock_id, ticket) {
+    let gate = if jumps_the_queue(request, ticket) {
         None
     } else {
         claims::try_gate(request.lock_id, mode)?
@@ -499,6 +503,18 @@ fn attempt(request: &Request<'_>, args: &mut Args<'_>, ticket: u64) -> Result<At
         gate.reopen();
     }
     Ok(tried)
+}
+
+/// Whether trying now would jump the queue of this lock. A waiter of a semaphore of n
+/// permits may try while fewer than n wait ahead of it: n permits can be handed over at
+/// once, and the first n in line take them in whatever order their tries land. A caller
+/// that does not wait never goes ahead of a queue.
+fn jumps_the_queue(request: &Request<'_>, ticket: u64) -> bool {
+    let ahead = wait::queued_ahead(request.lock_id, ticket);
+    match request.kind {
+        Kind::Semaphore(n) if ticket != 0 => ahead >= n as usize,
+        _ => ahead > 0,
+    }
 }
 
 // Extends the caller's own live lease, the same grant; never takes anything new.

@@ -1,9 +1,10 @@
 //! Waiting for a lock: a FIFO queue per lock in shared memory, and latches.
 //!
 //! A caller of `lock_acquire(..., wait => ...)` takes a ticket in the queue of its lock and
-//! sleeps on its own latch. Only the oldest ticket of a lock tries to take it; when that
-//! lock is released (at commit), its reaper deletes it, or a waiter leaves, the new head of
-//! the queue is woken by setting its latch. A waiter that times out, is cancelled
+//! sleeps on its own latch. Only the oldest ticket of a lock tries to take it (of a
+//! semaphore of n permits, the oldest n); when that lock is released (at commit), its
+//! reaper deletes it, or a waiter leaves, the new head of the queue is woken by setting its
+//! latch. A waiter that times out, is cancelled
 //! (`pg_cancel_backend`, `statement_timeout`) or fails leaves the queue on the way out.
 //! While anyone waits for a lock, callers that do not wait are refused it: they would jump
 //! the queue.
@@ -31,7 +32,8 @@ pub struct Slot {
     key: u64,
     procno: i32,
     pid: i32,
-    since: i64, // TimestampTz
+    since: i64,  // TimestampTz
+    window: u32, // may try while fewer than this many wait ahead (a semaphore's permits)
     id_len: u16,
     id: [u8; MAX_ID_BYTES],
 }
@@ -45,6 +47,7 @@ impl Default for Slot {
             procno: 0,
             pid: 0,
             since: 0,
+            window: 1,
             id_len: 0,
             id: [0; MAX_ID_BYTES],
         }
@@ -86,19 +89,23 @@ fn key_of(lock_id: &str) -> (u32, u64) {
     )
 }
 
-/// True when someone queues for `lock_id` ahead of `ticket` (0: ahead of anyone new).
-pub fn others_ahead(lock_id: &str, ticket: u64) -> bool {
+/// How many queue for `lock_id` ahead of `ticket` (0: ahead of anyone new).
+pub fn queued_ahead(lock_id: &str, ticket: u64) -> usize {
     if !settings::preloaded() || WAITING.get().load(Ordering::Acquire) == 0 {
-        return false;
+        return 0;
     }
     let (database, key) = key_of(lock_id);
     let queue = QUEUE.share();
-    queue.slots.iter().any(|s| {
-        s.ticket != 0
-            && s.database == database
-            && s.key == key
-            && (ticket == 0 || s.ticket < ticket)
-    })
+    queue
+        .slots
+        .iter()
+        .filter(|s| {
+            s.ticket != 0
+                && s.database == database
+                && s.key == key
+                && (ticket == 0 || s.ticket < ticket)
+        })
+        .count()
 }
 
 /// A place in the queue of one lock; leaving it (drop, including on error) wakes the next.
@@ -109,9 +116,10 @@ pub struct Ticket {
 }
 
 impl Ticket {
-    /// Queues for `lock_id`; without shared memory, or with the queue full, the ticket
-    /// holds no place and its holder polls.
-    pub fn take(lock_id: &str) -> Ticket {
+    /// Queues for `lock_id`, to try for it while fewer than `window` wait ahead (1: only
+    /// at the head); without shared memory, or with the queue full, the ticket holds no
+    /// place and its holder polls.
+    pub fn take(lock_id: &str, window: u32) -> Ticket {
         let mut ticket = Ticket {
             number: 0,
             slot: None,
@@ -136,6 +144,7 @@ impl Ticket {
             procno: unsafe { (*pg_sys::MyProc).pgprocno },
             pid: unsafe { pg_sys::MyProcPid },
             since: unsafe { pg_sys::GetCurrentTimestamp() },
+            window: window.max(1),
             id_len: lock_id.len() as u16,
             id,
         };
@@ -146,9 +155,13 @@ impl Ticket {
         ticket
     }
 
-    /// Whether this ticket is the oldest for its lock (always, for a placeless ticket).
-    pub fn is_head(&self) -> bool {
-        self.slot.is_none() || !others_ahead(&self.lock_id, self.number)
+    /// Whether this ticket may try for its lock now: fewer than its window wait ahead of
+    /// it (always, for a placeless ticket).
+    pub fn may_try(&self) -> bool {
+        let window = self
+            .slot
+            .map_or(1, |i| QUEUE.share().slots[i].window as usize);
+        self.slot.is_none() || queued_ahead(&self.lock_id, self.number) < window
     }
 
     pub fn number(&self) -> u64 {
@@ -212,7 +225,9 @@ unsafe extern "C-unwind" fn leave_at_exit(_code: std::ffi::c_int, _arg: pg_sys::
     }
 }
 
-/// Sets the latch of the oldest waiter for `lock_id` in this database, if any.
+/// Sets the latch of the oldest waiter for `lock_id` in this database, if any. Only the
+/// oldest: the others of a semaphore's window try when their naps end or they reach the
+/// head, since waking them all at each release costs more in futile tries than it gains.
 pub fn wake_head(lock_id: &str) {
     if !settings::preloaded() || WAITING.get().load(Ordering::Acquire) == 0 {
         return;
