@@ -130,6 +130,7 @@ pub fn attempt(
             "a semaphore"
         },
     };
+    let mut fixing_n: Option<claims::Gate> = None;
     match request.kind {
         Kind::Shared => {
             if peek.get::<i32>(4).is_some() {
@@ -156,24 +157,40 @@ pub fn attempt(
                 }
                 _ => {}
             }
-            if peek.get::<bool>(8) != Some(true) {
-                // Not the caller's own live permit again: a free slot for a new one.
-                if claim_free_slot(request.lock_id, asked, args)?.is_none() {
-                    return Ok((None, None)); // the free slots are being filled right now
+            if peek.get::<i32>(4).is_none() {
+                // This permit fixes n: no other taker may be fixing it at the same time,
+                // so the first takers go one at a time (their claims conflict).
+                match claims::try_gate(request.lock_id, claims::Mode::Exclusive)? {
+                    Some(gate) => fixing_n = Some(gate),
+                    None => return Ok((None, None)),
                 }
+            }
+            if peek.get::<bool>(8) != Some(true)
+                && claim_free_slot(request.lock_id, asked, args)?.is_none()
+            {
+                // Not the caller's own live permit again, and the free slots are being
+                // filled right now.
+                if let Some(gate) = fixing_n {
+                    gate.reopen();
+                }
+                return Ok((None, None));
             }
         }
         Kind::Exclusive => unreachable!("exclusive leases live in lockext.locks"),
     }
     let row_exists = peek.get::<bool>(7) == Some(true);
-    if !row_exists && !claims::try_claim_row(request.lock_id, request.owner) {
-        return Ok((None, None)); // this owner's row is being created right now
+    let granted = if !row_exists && !claims::try_claim_row(request.lock_id, request.owner) {
+        None // this owner's row is being created right now
+    } else {
+        args[5] = token::prepare_to_mint(client)?.into();
+        take(client, &args[..], row_exists, &TAKE_OVER, &INSERT_NEW)?
+    };
+    if granted.is_none() {
+        if let Some(gate) = fixing_n {
+            gate.reopen();
+        }
     }
-    args[5] = token::prepare_to_mint(client)?.into();
-    Ok((
-        take(client, &args[..], row_exists, &TAKE_OVER, &INSERT_NEW)?,
-        None,
-    ))
+    Ok((granted, None))
 }
 
 /// Claims a slot of the semaphore that no live permit holds, trying the free ones from a
