@@ -184,9 +184,11 @@ fn a_waiting_backend_can_be_cancelled_and_leaves_the_queue() {
 
 #[test]
 fn listeners_hear_only_committed_releases_take_overs_and_expiries() {
+    // The reaper sleeps until the take-over has happened: a reaper deleting the expired
+    // lease first would turn the take-over into a plain grant.
     let cluster = Cluster::start(
         "wait-notify",
-        "lockext.notify = on\nlockext.reap_interval = '100ms'",
+        "lockext.notify = on\nlockext.reap_interval = '1h'",
     );
     let mut listener = cluster.connect();
     listener.batch_execute("LISTEN lockext").unwrap();
@@ -206,6 +208,9 @@ fn listeners_hear_only_committed_releases_take_overs_and_expiries() {
         "SET lockext.notify = on; SELECT lockext.lock_acquire('short', 'B', '50 milliseconds')",
     )
     .unwrap();
+    c.batch_execute("ALTER SYSTEM SET lockext.reap_interval = '100ms'")
+        .unwrap();
+    c.batch_execute("SELECT pg_reload_conf()").unwrap();
     let mut events = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(10);
     while events.len() < 3 && Instant::now() < deadline {
