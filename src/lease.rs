@@ -429,11 +429,7 @@ fn wait_for(
     args: &mut Args<'_>,
     deadline: Instant,
 ) -> Result<Option<Granted>, LockError> {
-    let window = match request.kind {
-        Kind::Semaphore(n) => n as u32,
-        _ => 1,
-    };
-    let ticket = wait::Ticket::take(request.lock_id, window);
+    let ticket = wait::Ticket::take(request.lock_id, queue_window(request.kind));
     let mut nap = Duration::ZERO;
     loop {
         let mut free_in = None;
@@ -505,16 +501,25 @@ fn attempt(request: &Request<'_>, args: &mut Args<'_>, ticket: u64) -> Result<At
     Ok(tried)
 }
 
-/// Whether trying now would jump the queue of this lock. A waiter of a semaphore of n
-/// permits may try while fewer than n wait ahead of it: n permits can be handed over at
-/// once, and the first n in line take them in whatever order their tries land. A caller
-/// that does not wait never goes ahead of a queue.
-fn jumps_the_queue(request: &Request<'_>, ticket: u64) -> bool {
-    let ahead = wait::queued_ahead(request.lock_id, ticket);
-    match request.kind {
-        Kind::Semaphore(n) if ticket != 0 => ahead >= n as usize,
-        _ => ahead > 0,
+/// How far back in the queue a waiter may try: a semaphore of n permits can hand n over
+/// at once, and the first n in line take them in whatever order their tries land; any
+/// other lock goes to the head of the queue alone.
+fn queue_window(kind: Kind) -> usize {
+    match kind {
+        Kind::Semaphore(n) => n as usize,
+        _ => 1,
     }
+}
+
+/// Whether trying now would jump the queue of this lock. A caller that does not wait
+/// (ticket 0) never goes ahead of anyone queued.
+fn jumps_the_queue(request: &Request<'_>, ticket: u64) -> bool {
+    let window = if ticket == 0 {
+        1
+    } else {
+        queue_window(request.kind)
+    };
+    !wait::may_try(request.lock_id, ticket, window)
 }
 
 // Extends the caller's own live lease, the same grant; never takes anything new.

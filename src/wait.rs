@@ -32,8 +32,7 @@ pub struct Slot {
     key: u64,
     procno: i32,
     pid: i32,
-    since: i64,  // TimestampTz
-    window: u32, // may try while fewer than this many wait ahead (a semaphore's permits)
+    since: i64, // TimestampTz
     id_len: u16,
     id: [u8; MAX_ID_BYTES],
 }
@@ -47,7 +46,6 @@ impl Default for Slot {
             procno: 0,
             pid: 0,
             since: 0,
-            window: 1,
             id_len: 0,
             id: [0; MAX_ID_BYTES],
         }
@@ -89,8 +87,14 @@ fn key_of(lock_id: &str) -> (u32, u64) {
     )
 }
 
+/// Whether `ticket` (0: a caller not in the queue) may try for `lock_id` now: fewer than
+/// `window` queue ahead of it.
+pub fn may_try(lock_id: &str, ticket: u64, window: usize) -> bool {
+    queued_ahead(lock_id, ticket) < window
+}
+
 /// How many queue for `lock_id` ahead of `ticket` (0: ahead of anyone new).
-pub fn queued_ahead(lock_id: &str, ticket: u64) -> usize {
+fn queued_ahead(lock_id: &str, ticket: u64) -> usize {
     if !settings::preloaded() || WAITING.get().load(Ordering::Acquire) == 0 {
         return 0;
     }
@@ -113,17 +117,19 @@ pub struct Ticket {
     number: u64,
     slot: Option<usize>,
     lock_id: String,
+    window: usize,
 }
 
 impl Ticket {
     /// Queues for `lock_id`, to try for it while fewer than `window` wait ahead (1: only
     /// at the head); without shared memory, or with the queue full, the ticket holds no
     /// place and its holder polls.
-    pub fn take(lock_id: &str, window: u32) -> Ticket {
+    pub fn take(lock_id: &str, window: usize) -> Ticket {
         let mut ticket = Ticket {
             number: 0,
             slot: None,
             lock_id: lock_id.to_string(),
+            window,
         };
         if !settings::preloaded() {
             return ticket;
@@ -144,7 +150,6 @@ impl Ticket {
             procno: unsafe { (*pg_sys::MyProc).pgprocno },
             pid: unsafe { pg_sys::MyProcPid },
             since: unsafe { pg_sys::GetCurrentTimestamp() },
-            window: window.max(1),
             id_len: lock_id.len() as u16,
             id,
         };
@@ -155,13 +160,9 @@ impl Ticket {
         ticket
     }
 
-    /// Whether this ticket may try for its lock now: fewer than its window wait ahead of
-    /// it (always, for a placeless ticket).
+    /// Whether this ticket may try for its lock now (always, for a placeless ticket).
     pub fn may_try(&self) -> bool {
-        let window = self
-            .slot
-            .map_or(1, |i| QUEUE.share().slots[i].window as usize);
-        self.slot.is_none() || queued_ahead(&self.lock_id, self.number) < window
+        self.slot.is_none() || may_try(&self.lock_id, self.number, self.window)
     }
 
     pub fn number(&self) -> u64 {
