@@ -23,33 +23,41 @@ use crate::settings;
 use crate::statements::Statement;
 use crate::xact::in_transaction;
 
+/// A CTE `$name` deleting the session-bound leases of `$table` whose rows `s` match
+/// `$which`, `$limit` at most; it returns lock_id and fence_token of each.
+macro_rules! end_sessions_in {
+    ($name:literal, $table:literal, $which:literal, $limit:literal) => {
+        concat!(
+            $name,
+            " AS (DELETE FROM ",
+            $table,
+            " AS l \
+                    USING (SELECT lock_id, owner FROM ",
+            $table,
+            " AS s \
+                            WHERE s.session_start IS NOT NULL AND ",
+            $which,
+            " ",
+            $limit,
+            " \
+                              FOR UPDATE SKIP LOCKED) AS c \
+                    WHERE l.lock_id = c.lock_id AND l.owner = c.owner \
+                   RETURNING l.lock_id, l.fence_token)"
+        )
+    };
+}
+pub(crate) use end_sessions_in;
+
 /// Deletes session-bound leases from both lease tables: those of rows `s` matching `$which`,
 /// `$limit` of each at most: CTEs that end with `reaped` (lock_id, fence_token of each).
 macro_rules! end_sessions_sql {
     ($which:literal, $limit:literal) => {
         concat!(
-            "x AS (DELETE FROM lockext.locks AS l \
-                         USING (SELECT lock_id, owner FROM lockext.locks AS s \
-                                 WHERE s.session_start IS NOT NULL AND ",
-            $which,
-            " ",
-            $limit,
-            " \
-                                   FOR UPDATE SKIP LOCKED) AS c \
-                         WHERE l.lock_id = c.lock_id AND l.owner = c.owner \
-                        RETURNING l.lock_id, l.fence_token), \
-                  sh AS (DELETE FROM lockext.shared_leases AS l \
-                         USING (SELECT lock_id, owner FROM lockext.shared_leases AS s \
-                                 WHERE s.session_start IS NOT NULL AND ",
-            $which,
-            " ",
-            $limit,
-            " \
-                                   FOR UPDATE SKIP LOCKED) AS c \
-                         WHERE l.lock_id = c.lock_id AND l.owner = c.owner \
-                        RETURNING l.lock_id, l.fence_token), \
-             reaped AS (SELECT lock_id, fence_token FROM x \
-                         UNION ALL SELECT lock_id, fence_token FROM sh)"
+            $crate::session::end_sessions_in!("x", "lockext.locks", $which, $limit),
+            ", ",
+            $crate::session::end_sessions_in!("sh", "lockext.shared_leases", $which, $limit),
+            ", reaped AS (SELECT lock_id, fence_token FROM x \
+                          UNION ALL SELECT lock_id, fence_token FROM sh)"
         )
     };
 }
