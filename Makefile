@@ -57,15 +57,21 @@ unit:
 	mkdir -p $(PGTEST_DIR) && chown postgres: $(PGTEST_DIR)
 	cargo pgrx test pg15 --runas postgres --pgdata $(PGTEST_DIR)/data
 
+# On a cluster of its own, made anew each time: tokens and eras then start from a fresh
+# cluster's, as the expected outputs show them.
+CHECK_PORT := 5498
+CHECK_CLUSTER := LOCKEXT_PORT=$(CHECK_PORT) LOCKEXT_HOME=/tmp/lockext-installcheck bash scripts/cluster.sh
 installcheck:
-	bash scripts/cluster.sh restart
+	$(CHECK_CLUSTER) destroy
+	$(CHECK_CLUSTER) start
 	rm -rf tests/pg_regress/results tests/isolation/results
-	$(PGXS_TEST)/regress/pg_regress --host=127.0.0.1 --port=$(PORT) --user=postgres \
+	$(PGXS_TEST)/regress/pg_regress --host=127.0.0.1 --port=$(CHECK_PORT) --user=postgres \
 	    --inputdir=tests/pg_regress --outputdir=tests/pg_regress --dbname=lockext_regress $(REGRESS) \
 	  || { cat tests/pg_regress/regression.diffs; exit 1; }
-	$(PGXS_TEST)/isolation/pg_isolation_regress --host=127.0.0.1 --port=$(PORT) --user=postgres \
+	$(PGXS_TEST)/isolation/pg_isolation_regress --host=127.0.0.1 --port=$(CHECK_PORT) --user=postgres \
 	    --inputdir=tests/isolation --outputdir=tests/isolation --dbname=lockext_isolation $(ISOLATION) \
 	  || { cat tests/isolation/output_iso/regression.diffs tests/isolation/regression.diffs 2>/dev/null; exit 1; }
+	$(CHECK_CLUSTER) stop
 
 # Tests against real servers through real client connections: they start their own clusters.
 cluster-test: install

@@ -11,12 +11,12 @@ CREATE TYPE lockext.lock_grant AS (
     expires_at  timestamptz
 );
 
--- The counter in the low 43 bits of every fencing token (the epoch is in the high bits:
--- see src/token.rs). NO CYCLE and MAXVALUE: a counter that wrapped, or spilled into the
--- epoch bits, would go backwards. CACHE 1: a per-backend cache would hand tokens out of
--- order between sessions.
+-- The counter in the low 41 bits of every fencing token (the era is in the bits above it,
+-- and a token is at most 2^53 - 1: see src/token.rs). NO CYCLE and MAXVALUE: a counter
+-- that wrapped, or spilled into the era bits, would go backwards. CACHE 1: a per-backend
+-- cache would hand tokens out of order between sessions.
 CREATE SEQUENCE lockext.fence_token_seq
-    AS bigint MINVALUE 1 MAXVALUE 8796093022207 NO CYCLE CACHE 1;
+    AS bigint MINVALUE 1 MAXVALUE 2199023255551 NO CYCLE CACHE 1;
 
 -- One row per lease. A row whose expires_at has passed is a dead lease: acquire takes it
 -- over in place, and the reaper deletes it.
@@ -72,15 +72,19 @@ ALTER TABLE lockext.shared_leases SET (vacuum_truncate = false);
 CREATE INDEX shared_leases_expires_at_idx ON lockext.shared_leases (expires_at);
 CREATE INDEX shared_leases_session_idx ON lockext.shared_leases (taker_pid) WHERE session_start IS NOT NULL;
 
--- The token epoch (high bits of every token, see src/token.rs) and the identity of the
--- history it was raised for. One row at most; none until the first grant.
+-- The token era (high bits of every token, see src/token.rs) and the history it was
+-- started for. One row at most; none until the first grant. It travels with dumps, so that
+-- a restore elsewhere starts above it; the era in force is decided by the cluster's own
+-- record (pg_lockext/eras in the data directory), never by this row alone.
 CREATE TABLE lockext.token_epoch (
     singleton         boolean     PRIMARY KEY CHECK (singleton),
-    epoch             integer     NOT NULL CHECK (epoch > 0),
+    epoch             integer     NOT NULL CHECK (epoch >= 0),
+    -- 2: era over a 41-bit counter (every token < 2^53); 1: 0.2.0's 20-bit epoch over a
+    -- 43-bit counter, kept by installations upgraded from 0.2.0.
+    layout            smallint    NOT NULL DEFAULT 2 CHECK (layout IN (1, 2)),
     system_identifier bigint      NOT NULL,
     timeline          integer     NOT NULL,
     database          oid         NOT NULL,
-    boot              bigint      NOT NULL,   -- 0 when lockext is not preloaded
     raised_at         timestamptz NOT NULL
 );
 
@@ -94,11 +98,12 @@ CREATE TABLE lockext.resources (
 );
 
 -- pg_dump skips extension members unless they are marked: without this a restore would
--- bring back an empty token sequence and no high-water marks, and re-issue old tokens.
+-- bring back no leases, no high-water marks and no era. The token sequence is not marked:
+-- a restore always starts a new era (src/token.rs), so its counter may start again, and a
+-- data-only restore must never rewind the counter of a running installation.
 SELECT pg_catalog.pg_extension_config_dump('lockext.locks', '');
 SELECT pg_catalog.pg_extension_config_dump('lockext.shared_leases', '');
 SELECT pg_catalog.pg_extension_config_dump('lockext.resources', '');
-SELECT pg_catalog.pg_extension_config_dump('lockext.fence_token_seq', '');
 SELECT pg_catalog.pg_extension_config_dump('lockext.token_epoch', '');
 
 -- Least privilege: nobody writes these tables but lockext's functions (SECURITY DEFINER).

@@ -1,7 +1,9 @@
 //! How lockext's transactions commit: durably where safety needs it, cheaply where not.
 //!
-//! - A transaction that mints a token must flush its commit before the client hears of
-//!   it (`require_flush`), whatever the session's `synchronous_commit`.
+//! - Under `lockext.durability = grant`, a transaction that grants a lease flushes its
+//!   commit before the client hears of it (`require_flush`), whatever
+//!   `synchronous_commit` says when it commits. (Tokens do not depend on this: `token.rs`
+//!   puts the counter on disk itself.)
 //! - A transaction that only renews or releases leases does not: losing it in a crash only
 //!   makes a lease end later (a lost release: the lease runs out, or the reaper clears it)
 //!   or earlier (a lost renewal), and fencing makes either harmless. So such a transaction
@@ -33,17 +35,15 @@ fn wal_end() -> u64 {
 }
 
 /// Makes the current transaction's commit wait for its WAL flush (and, with synchronous
-/// replication, what `on` waits for). Like `set_config(..., is_local => true)`, it lasts
-/// until the transaction ends, so it still holds at commit (a `SET` clause on the function
-/// would be undone before then). Only `off` is raised: `local` and stronger already flush
-/// before the client hears back.
+/// replication, what `on` waits for), whatever `synchronous_commit` says by then. The
+/// decision is taken at pre-commit, after everything the caller could do in between: a
+/// `SET LOCAL synchronous_commit = off` later in the transaction, or a wrapper function
+/// declared `SET synchronous_commit = off` (whose setting is undone only when it returns),
+/// cannot take it back. Only `off` is raised: `local` and stronger already flush before the
+/// client hears back.
 pub fn require_flush() {
     MINTED_IN.with(|m| m.set(local_xact()));
-    if unsafe { pg_sys::synchronous_commit }
-        == pg_sys::SyncCommitLevel::SYNCHRONOUS_COMMIT_OFF as i32
-    {
-        set_synchronous_commit(c"on");
-    }
+    check_at_commit();
 }
 
 /// Call before a renew or release writes: whether the transaction has, so far, written
@@ -62,18 +62,30 @@ pub fn relax_if_only_leases(only_leases: bool) {
         return;
     }
     ONLY_LEASES.with(|o| o.set(Some((lxid, wal_end()))));
+    check_at_commit();
+}
+
+fn check_at_commit() {
+    let lxid = local_xact();
     if CHECK_REGISTERED.with(|c| c.replace(lxid)) != lxid {
-        register_xact_callback(PgXactCallbackEvent::PreCommit, relax_at_commit);
+        register_xact_callback(PgXactCallbackEvent::PreCommit, at_commit);
     }
 }
 
-/// At pre-commit: relax the commit if the transaction wrote nothing since lockext's last
-/// renew/release and minted no token.
-fn relax_at_commit() {
+/// At pre-commit, the last moment before the commit record: a transaction that minted a
+/// token flushes; one that wrote nothing since lockext's last renew/release, and minted
+/// nothing, may skip the flush.
+fn at_commit() {
     let lxid = local_xact();
-    let untouched = ONLY_LEASES.with(|o| o.get()) == Some((lxid, wal_end()));
-    let minted = MINTED_IN.with(|m| m.get()) == lxid;
-    if untouched && !minted {
+    if MINTED_IN.with(|m| m.get()) == lxid {
+        if unsafe { pg_sys::synchronous_commit }
+            == pg_sys::SyncCommitLevel::SYNCHRONOUS_COMMIT_OFF as i32
+        {
+            set_synchronous_commit(c"on");
+        }
+        return;
+    }
+    if ONLY_LEASES.with(|o| o.get()) == Some((lxid, wal_end())) {
         set_synchronous_commit(c"off");
     }
 }

@@ -51,11 +51,11 @@ pub enum LockError {
     #[error("lockext cannot change leases or resources during recovery")]
     ReadOnlyServer,
 
-    #[error("lockext.durability = epoch needs lockext in shared_preload_libraries")]
-    EpochModeNeedsPreload,
+    #[error("the fencing token {what} is exhausted")]
+    TokensExhausted { what: &'static str },
 
-    #[error("the token epoch space is exhausted")]
-    EpochsExhausted,
+    #[error("lockext cannot use its record of token eras: {detail}")]
+    EraRecord { detail: String },
 
     #[error("the server clock reads a time outside the timestamptz range")]
     ClockOutOfRange,
@@ -122,8 +122,8 @@ impl LockError {
             LockError::ReadOnlyServer => ERRCODE_READ_ONLY_SQL_TRANSACTION,   // 25006
             LockError::WaitNeedsReadCommitted => ERRCODE_FEATURE_NOT_SUPPORTED, // 0A000
             LockError::ClockOutOfRange => ERRCODE_DATETIME_FIELD_OVERFLOW,    // 22008
-            LockError::EpochModeNeedsPreload => ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE, // 55000
-            LockError::EpochsExhausted => ERRCODE_SEQUENCE_GENERATOR_LIMIT_EXCEEDED, // 2200H
+            LockError::TokensExhausted { .. } => ERRCODE_SEQUENCE_GENERATOR_LIMIT_EXCEEDED, // 2200H
+            LockError::EraRecord { .. } => ERRCODE_IO_ERROR,                  // 58030
             LockError::Spi(_) | LockError::MissingColumn { .. } => ERRCODE_INTERNAL_ERROR, // XX000
         }
     }
@@ -144,9 +144,15 @@ impl LockError {
                 "A snapshot taken at the transaction's start never sees the release; \
                  wait from a READ COMMITTED transaction, or poll with wait => '0'.",
             ),
-            LockError::EpochModeNeedsPreload => {
-                Some("Add lockext to shared_preload_libraries, or SET lockext.durability = grant.")
-            }
+            LockError::EraRecord { .. } => Some(
+                "The file pg_lockext/eras in the data directory records which token eras this \
+                 cluster has used; lockext hands out no token without it. Restore it from a \
+                 copy of this data directory; never edit or delete it.",
+            ),
+            LockError::TokensExhausted { .. } => Some(
+                "No more tokens can be handed out that are higher than every earlier one; \
+                 see README, \"Tokens\".",
+            ),
             LockError::PermitsMismatch { .. } => Some(
                 "Every acquire of a semaphore asks for the same number of permits while any \
                  permit of it is held.",

@@ -28,13 +28,13 @@ use crate::settings;
 use crate::shared;
 use crate::statements::{first_value, Statement};
 use crate::stats::{self, Counter};
-use crate::token::{self, mint_sql};
+use crate::token;
 use crate::wait;
 
 // Parameters shared by the acquire statements: $1 lock_id, $2 owner, $3 calling role,
-// $4 ttl, $5 now, $6 token epoch, $7 the new grant's lock-delay, $8 the session the lease
-// is bound to (NULL: none), $9 the semaphore's permits and $10 the permit's slot
-// (shared_leases only).
+// $4 ttl, $5 now, $6 the new grant's token (`token::mint`, once the grant is decided),
+// $7 the new grant's lock-delay, $8 the session the lease is bound to (NULL: none), $9 the
+// semaphore's permits and $10 the permit's slot (shared_leases only).
 pub(crate) const ACQUIRE_PARAMS: &[pg_sys::PgBuiltInOids] = &[
     TEXTOID,
     TEXTOID,
@@ -62,9 +62,7 @@ macro_rules! grant_sets {
     () => {
         concat!(
             "owner = $2, holder_role = $3, \
-             fence_token = CASE WHEN c.same_grant THEN l.fence_token ELSE ",
-            mint_sql!(),
-            " END, \
+             fence_token = CASE WHEN c.same_grant THEN l.fence_token ELSE $6 END, \
              acquired_at = CASE WHEN c.same_grant THEN l.acquired_at ELSE $5 END, \
              expires_at = $5 + $4, \
              renewals = CASE WHEN c.same_grant THEN l.renewals + 1 ELSE 0 END, \
@@ -91,10 +89,11 @@ pub(crate) use grant_returning;
 // soon will it be free unless renewed? Do shared leases or permits hold it, and until when?
 static PEEK: Statement = Statement {
     sql: concat!(
-        "SELECT x.held, x.free_ms, s.until_ms, s.semaphore \
+        "SELECT x.held, x.free_ms, s.until_ms, s.semaphore, x.mine_live \
            FROM (SELECT) AS one \
            LEFT JOIN LATERAL ( \
-                SELECT expires_at + lock_delay > $5 AND NOT (owner = $2 AND holder_role = $3) AS held, ",
+                SELECT expires_at + lock_delay > $5 AND NOT (owner = $2 AND holder_role = $3) AS held, \
+                       expires_at > $5 AND owner = $2 AND holder_role = $3 AS mine_live, ",
         ms_until!("expires_at + lock_delay"),
         " AS free_ms FROM lockext.locks WHERE lock_id = $1) AS x ON true \
            CROSS JOIN LATERAL ( \
@@ -131,9 +130,7 @@ static INSERT_NEW: Statement = Statement {
         "INSERT INTO lockext.locks AS l \
                 (lock_id, owner, holder_role, fence_token, acquired_at, expires_at, renewals, \
                  lock_delay, session_start, taker_pid, application_name, client_addr) \
-         VALUES ($1, $2, $3, ",
-        mint_sql!(),
-        ", $5, $5 + $4, 0, $7, $8, pg_backend_pid(), current_setting('application_name'), \
+         VALUES ($1, $2, $3, $6, $5, $5 + $4, 0, $7, $8, pg_backend_pid(), current_setting('application_name'), \
            inet_client_addr()) \
          ON CONFLICT (lock_id) DO NOTHING",
         grant_returning!(),
@@ -383,7 +380,7 @@ pub fn acquire(request: &Request<'_>) -> Result<Option<Grant>, LockError> {
         calling_role().into(),
         request.ttl.into(),
         server_now()?.into(),
-        DatumWithOid::null::<i64>(), // the epoch, known once a grant is likely
+        DatumWithOid::null::<i64>(), // the token, minted once the grant is decided
         micros_interval(request.lock_delay).into(),
         request.session.into(),
         permits.into(),
@@ -396,7 +393,7 @@ pub fn acquire(request: &Request<'_>) -> Result<Option<Grant>, LockError> {
     };
     let Some(Granted {
         grant,
-        minted,
+        minted: _,
         took_over,
         previous_token,
         token,
@@ -405,9 +402,6 @@ pub fn acquire(request: &Request<'_>) -> Result<Option<Grant>, LockError> {
         stats::count(Counter::AcquiresRefused);
         return Ok(None);
     };
-    if minted {
-        token::after_mint();
-    }
     stats::count(Counter::AcquiresGranted);
     if request.kind != Kind::Exclusive {
         // Shared leases and permits are many: the next in line may be free to take one too.
@@ -581,10 +575,11 @@ fn attempt_exclusive(
     if held_by_other == Some(true) {
         return Ok((None, peek.get::<i64>(2).map(millis))); // a live lease of someone else's
     }
-    args[5] = token::prepare_to_mint(client)?.into();
     let granted = take(
         client,
-        &args[..],
+        request,
+        args,
+        peek.get::<bool>(5) == Some(true),
         held_by_other.is_some(),
         &TAKE_OVER,
         &INSERT_NEW,
@@ -598,15 +593,27 @@ fn attempt_exclusive(
     ))
 }
 
-/// Takes over the lease row if there is one, or inserts it. An insert that finds the row
-/// created since the look takes that over instead.
+/// Grants the lease, past the gate and the look: the caller's own live lease is extended
+/// (the same grant, no new token); otherwise a token is minted and the lease row taken
+/// over if there is one, or inserted. An insert that finds the row created since the look
+/// takes that over instead.
+#[allow(clippy::too_many_arguments)]
 pub fn take(
     client: &mut SpiClient<'_>,
-    args: &[DatumWithOid<'_>],
+    request: &Request<'_>,
+    args: &mut Args<'_>,
+    mine_live: bool,
     row_exists: bool,
     take_over: &'static Statement,
     insert: &'static Statement,
 ) -> Result<Option<Granted>, LockError> {
+    if mine_live {
+        if let Some(grant) = extend_own(client, request, args)? {
+            return Ok(Some(grant));
+        }
+    }
+    args[5] = token::mint(client)?.into();
+    let args = &args[..];
     if row_exists {
         return grant_row(take_over.run(client, args)?);
     }

@@ -6,6 +6,7 @@ use pgrx::prelude::*;
 
 mod claims;
 mod commit;
+mod eras;
 mod error;
 mod fence;
 mod lease;
@@ -52,7 +53,6 @@ pub extern "C-unwind" fn _PG_init() {
         status::init_shared_memory();
         stats::init_shared_memory();
         wait::init_shared_memory();
-        token::init_shared_memory();
         reaper::register_launcher();
     }
 }

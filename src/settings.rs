@@ -1,11 +1,11 @@
 //! Every setting lockext reads, in one place. All are reloadable with SIGHUP (pg_reload_conf)
 //! and shown by SHOW; README lists them.
 
-use std::ffi::{c_void, CString};
+use std::ffi::CString;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
-use pgrx::{pg_guard, pg_sys, PostgresGucEnum};
+use pgrx::{pg_sys, PostgresGucEnum};
 
 /// What a grant's commit waits for. README explains the trade-off.
 #[derive(PostgresGucEnum, Clone, Copy, PartialEq, Eq, Debug)]
@@ -13,7 +13,7 @@ pub enum Durability {
     /// Every granting transaction commits synchronously.
     #[name = c"grant"]
     Grant,
-    /// Grants commit as the session says; boot epochs keep tokens safe through a crash.
+    /// Grants commit as the session says: a crash may lose a grant, never repeat a token.
     #[name = c"epoch"]
     Epoch,
 }
@@ -49,12 +49,12 @@ pub fn define() {
         GucRegistry::define_enum_guc_with_hooks(
             c"lockext.durability",
             c"What a grant's commit waits for: grant (flush every grant) or epoch.",
-            c"epoch commits grants as the session's synchronous_commit says and relies on \
-              token epochs raised at every boot; it needs shared_preload_libraries.",
+            c"epoch commits grants as the session's synchronous_commit says: a crash may \
+              end a lease early, never repeat a token.",
             &DURABILITY,
             GucContext::Userset,
             GucFlags::default(),
-            Some(check_durability),
+            None,
             None,
             None,
         );
@@ -119,24 +119,6 @@ pub fn define() {
     // Only after every setting is defined: reserving the prefix removes any lockext.*
     // value read from postgresql.conf that is not (yet) a defined setting.
     unsafe { pg_sys::MarkGUCPrefixReserved(c"lockext".as_ptr()) };
-}
-
-/// Refuses `epoch` where lockext is not preloaded: without boot epochs it would be unsafe.
-#[pg_guard]
-unsafe extern "C-unwind" fn check_durability(
-    newval: *mut i32,
-    _extra: *mut *mut c_void,
-    _source: pg_sys::GucSource::Type,
-) -> bool {
-    if unsafe { *newval } == Durability::Epoch as i32 && !preloaded() {
-        unsafe {
-            pg_sys::GUC_check_errdetail_string = pg_sys::pstrdup(
-                c"lockext.durability = epoch needs lockext in shared_preload_libraries.".as_ptr(),
-            );
-        }
-        return false;
-    }
-    true
 }
 
 /// The database names in `lockext.database`, trimmed, without empties or repeats.

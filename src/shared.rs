@@ -27,7 +27,6 @@ use crate::lease::{
     ACQUIRE_PARAMS,
 };
 use crate::statements::Statement;
-use crate::token::{self, mint_sql};
 
 // Read under the newest snapshot, after passing the gate: is there a live exclusive lease,
 // and till when; how many live shared leases or permits others hold, of what kind, and
@@ -99,9 +98,7 @@ static INSERT_NEW: Statement = Statement {
                 (lock_id, owner, permits, slot, holder_role, fence_token, acquired_at, \
                  expires_at, renewals, lock_delay, session_start, taker_pid, application_name, \
                  client_addr) \
-         VALUES ($1, $2, $9, $10, $3, ",
-        mint_sql!(),
-        ", $5, $5 + $4, 0, $7, $8, pg_backend_pid(), current_setting('application_name'), \
+         VALUES ($1, $2, $9, $10, $3, $6, $5, $5 + $4, 0, $7, $8, pg_backend_pid(), current_setting('application_name'), \
            inet_client_addr()) \
          ON CONFLICT (lock_id, owner) DO NOTHING",
         grant_returning!(),
@@ -182,8 +179,16 @@ pub fn attempt(
     let granted = if !row_exists && !claims::try_claim_row(request.lock_id, request.owner) {
         None // this owner's row is being created right now
     } else {
-        args[5] = token::prepare_to_mint(client)?.into();
-        take(client, &args[..], row_exists, &TAKE_OVER, &INSERT_NEW)?
+        let mine_live = peek.get::<bool>(8) == Some(true);
+        take(
+            client,
+            request,
+            args,
+            mine_live,
+            row_exists,
+            &TAKE_OVER,
+            &INSERT_NEW,
+        )?
     };
     if granted.is_none() {
         if let Some(gate) = fixing_n {

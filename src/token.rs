@@ -1,214 +1,227 @@
 //! Fencing tokens: where they come from, and what makes them safe to hand out.
 //!
-//! A token is only worth anything if no later grant can ever get a lower or equal one.
-//! PostgreSQL breaks that promise in known ways, and each rule below closes one:
+//! A token is only worth anything if no later grant can ever get a lower or equal one, and
+//! only if every client can hold it exactly: a JavaScript `number`, and any JSON parser that
+//! reads numbers as doubles, is exact only up to 2^53 - 1. So a token is
 //!
-//! 1. A sequence logs values ahead of use, so a token a client saw before its WAL was
-//!    flushed could be handed out again after a crash. With `lockext.durability = grant`
-//!    (the default) the granting transaction commits synchronously whatever the session's
-//!    `synchronous_commit`.
-//! 2. After a failover to an asynchronous standby, a point-in-time recovery, a restore into
-//!    another cluster or database, or (when preloaded) any restart, the sequence may be
-//!    behind tokens already handed out. So a token carries an **epoch** in its high bits:
+//! ```text
+//! bit 63 ... 53   52 ....... 41   40 ........................................ 0
+//!     0 (unused) |  era (12 bits) |  counter (41 bits, lockext.fence_token_seq)  |
+//! ```
 //!
-//!    ```text
-//!    bit 63     62 ....... 55   54 ........ 43   42 ........................ 0
-//!        0    |  era (8 bits) | raise (12 bits) |  counter (43 bits, the sequence) |
-//!    ```
+//! and at most 9 007 199 254 740 991. A fresh cluster's first token is 1 (era 0, counter 1).
 //!
-//!    The epoch (era and raise, 20 bits) is recorded in `lockext.token_epoch` with the
-//!    identity of the history it belongs to: system identifier, WAL timeline, database,
-//!    and the boot of the server's shared memory (0 when not preloaded). A token minted
-//!    under another identity gets the next epoch: a new era when the timeline, system or
-//!    database changed (at least the WAL timeline, so branches of history do not share
-//!    eras), the next raise after a restart (a raise past 4095 carries into the era).
-//!    Every token of the lost history is then below every new one, whatever the sequence
-//!    lost. The next epoch is a function of the recorded row and the identity only, so
-//!    every backend that mints before it is recorded picks the same one.
-//! 3. A grant minted under an epoch not yet seen committed commits synchronously, whatever
-//!    the durability mode: its counter is then on disk, so even if the record of its epoch
-//!    is lost, the next raise (recomputed from the same row) continues above it.
+//! **The counter never goes backwards, even through a crash.** A sequence WAL-logs values
+//! ahead of use, and a value handed out before that WAL reaches the disk could come again
+//! after a crash, whether its transaction committed asynchronously or never committed at
+//! all (a client can read a token inside an open transaction). So after taking a value,
+//! `next_counter` flushes the WAL up to the sequence page's LSN whenever the disk is
+//! behind it: once every 32 grants (`SEQ_LOG_VALS`), and never otherwise. Every token
+//! handed out is then at or below what recovery restores the sequence to.
 //!
-//! The counter is the sequence, 43 bits (8.8 * 10^12 grants); its MAXVALUE stops it there
-//! with an error (2200H): tokens never wrap. 255 eras, 1 048 575 epochs in all.
+//! **The era changes when the history does**: another system (a restore into another
+//! cluster), another WAL timeline (a failover, a point-in-time recovery), another database
+//! (a restore into another database), or another token sequence (DROP and CREATE
+//! EXTENSION, `pg_restore --clean`, which recreate it and its counter). A restart or a
+//! crash is the same history: the counter continues, and no era is spent. The new era is
+//! above every era that could have been used before:
 //!
-//! Once the recorded epoch is seen committed under the current identity, it is cached: in
-//! shared memory when preloaded (so other backends skip the table), and in each backend
-//! (so the hot path is a compare, with no lock taken).
+//! - above the highest era this cluster has used in any database, from the cluster's own
+//!   record (`eras.rs`, a file that pg_dump does not copy and DROP EXTENSION does not
+//!   remove): so a restore of any dump, however old, and a reinstall continue above;
+//! - above the era in `lockext.token_epoch`, which travels with dumps: so a dump restored
+//!   into another cluster continues above its source's era (and so above every token the
+//!   source handed out while that era was in force);
+//! - at least the timeline number less one: two branches of history recovered from one
+//!   archive get different timelines and so different eras.
+//!
+//! The cluster record is flushed before the first token of the new era is handed out; the
+//! era is trusted from that file only, never from a table row that its transaction (or a
+//! subtransaction) could still roll back. The row is written too, for dumps, and a
+//! backend stops rewriting it once it has read it back committed by another transaction.
+//!
+//! An old primary left running after a failover keeps its era and only counts up within
+//! it: every token it mints stays below the promoted server's new era.
+//!
+//! **Limits.** 2^41 - 1 = 2.2 * 10^12 grants in all (the counter continues across eras):
+//! 7 years at a sustained 10 000 grants/s, 70 years at 1 000/s. 4 096 eras (0 to 4095),
+//! spent only by history changes, never by restarts. Both ends are an error (2200H), never
+//! a wrap.
+//!
+//! **Installations upgraded from 0.2.0** already handed out tokens above 2^53 (0.2.0 put
+//! a 20-bit epoch over a 43-bit counter), and a token must never go backwards, so they
+//! keep that layout (`Layout::Wide`): the same rules, with the 20-bit epoch as the era.
+//! A JavaScript client of such an installation reads tokens as strings or BigInt.
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicU64, Ordering};
 
-use pgrx::datum::DatumWithOid;
-use pgrx::lwlock::PgLwLock;
 use pgrx::pg_sys::{self, BuiltinOid::*};
 use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
-use pgrx::{pg_shmem_init, PGRXSharedMemory};
 
+use crate::eras::{self, Current, Record};
 use crate::error::LockError;
 use crate::settings::{self, Durability};
 use crate::statements::{first_value, Statement};
 
-pub const COUNTER_BITS: u32 = 43;
-pub const RAISE_BITS: u32 = 12;
-pub const ERA_LIMIT: i64 = 1 << 8;
-pub const EPOCH_LIMIT: i64 = 1 << 20;
-/// The claim that the recorder of a new epoch holds: a lock id cannot contain a NUL, so no
+/// The highest token any layout hands out to a client that holds it in a double.
+pub const MAX_SAFE_TOKEN: i64 = (1 << 53) - 1;
+
+/// The claim that the writer of the epoch row holds: a lock id cannot contain a NUL, so no
 /// lease's claim can be this one.
 const EPOCH_CLAIM: &str = "\u{0}lockext token epoch";
 
-/// The SQL expression that mints one token, for lease statements to embed; `$6` is the
-/// epoch from `prepare_to_mint`.
-macro_rules! mint_sql {
-    () => {
-        "(($6::bigint << 43) | nextval('lockext.fence_token_seq'::regclass))"
-    };
+/// How a token is laid out: era over counter.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Layout {
+    /// 0.2.0's: a 20-bit epoch over a 43-bit counter; kept by installations upgraded from it.
+    Wide,
+    /// A 12-bit era over a 41-bit counter: every token fits in a double.
+    Safe,
 }
-pub(crate) use mint_sql;
+
+impl Layout {
+    pub fn code(self) -> u8 {
+        match self {
+            Layout::Wide => 1,
+            Layout::Safe => 2,
+        }
+    }
+
+    pub fn from_code(code: i64) -> Option<Layout> {
+        match code {
+            1 => Some(Layout::Wide),
+            2 => Some(Layout::Safe),
+            _ => None,
+        }
+    }
+
+    /// The layout a token was minted in: every Wide token is above 2^55 (0.2.0's eras
+    /// started at 1), every Safe one at most 2^53 - 1.
+    pub fn of(token: i64) -> Layout {
+        if token > MAX_SAFE_TOKEN {
+            Layout::Wide
+        } else {
+            Layout::Safe
+        }
+    }
+
+    pub fn counter_bits(self) -> u32 {
+        match self {
+            Layout::Wide => 43,
+            Layout::Safe => 41,
+        }
+    }
+
+    /// One past the highest era.
+    pub fn era_limit(self) -> i64 {
+        match self {
+            Layout::Wide => 1 << 20,
+            Layout::Safe => 1 << 12,
+        }
+    }
+
+    /// The lowest era a history on this WAL timeline may use. Wide keeps 0.2.0's rule (its
+    /// era, the epoch's high 8 bits, at least the timeline).
+    pub fn floor(self, timeline: u32) -> i64 {
+        match self {
+            Layout::Wide => i64::from(timeline) << 12,
+            Layout::Safe => i64::from(timeline) - 1,
+        }
+    }
+
+    pub fn compose(self, era: i64, counter: i64) -> Result<i64, LockError> {
+        if counter >= 1 << self.counter_bits() {
+            return Err(LockError::TokensExhausted { what: "counter" });
+        }
+        if !(0..self.era_limit()).contains(&era) {
+            return Err(LockError::TokensExhausted { what: "era" });
+        }
+        Ok(era << self.counter_bits() | counter)
+    }
+
+    pub fn split(self, token: i64) -> (i64, i64) {
+        let bits = self.counter_bits();
+        (token >> bits, token & ((1 << bits) - 1))
+    }
+}
 
 /// Which history a token belongs to.
-#[derive(Clone, Copy, PartialEq, Eq, Default)]
-struct Identity {
-    system: i64,
-    timeline: i32,
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+struct History {
+    system: u64,
+    timeline: u32,
     database: u32,
-    boot: i64,
+    sequence: pg_sys::Oid,
 }
 
-impl Identity {
-    fn now() -> Identity {
-        unsafe {
-            Identity {
-                system: pg_sys::GetSystemIdentifier() as i64,
-                timeline: pg_sys::GetWALInsertionTimeLine() as i32,
-                database: pg_sys::MyDatabaseId.to_u32(),
-                boot: boot_id(),
-            }
-        }
+impl History {
+    fn now() -> Result<History, LockError> {
+        Ok(History {
+            system: unsafe { pg_sys::GetSystemIdentifier() },
+            timeline: unsafe { pg_sys::GetWALInsertionTimeLine() },
+            database: unsafe { pg_sys::MyDatabaseId }.to_u32(),
+            sequence: sequence_oid()?,
+        })
     }
 
-    fn args(&self) -> [DatumWithOid<'static>; 4] {
-        [
-            self.system.into(),
-            self.timeline.into(),
-            pg_sys::Oid::from(self.database).into(),
-            self.boot.into(),
-        ]
+    fn matches(&self, c: &Current) -> bool {
+        c.system == self.system
+            && c.timeline == self.timeline
+            && c.sequence == self.sequence.to_u32()
     }
 }
 
-// ---- the confirmed-epoch cache -------------------------------------------------------
-
-#[derive(Clone, Copy, Default)]
-struct Confirmed {
-    identity: Identity,
-    epoch: i64,
+/// `lockext.fence_token_seq`, looked up each time (two cache lookups): DROP and CREATE
+/// EXTENSION give it a new oid, and that is a new history.
+fn sequence_oid() -> Result<pg_sys::Oid, LockError> {
+    let oid = unsafe {
+        let schema = pg_sys::get_namespace_oid(c"lockext".as_ptr(), true);
+        pg_sys::get_relname_relid(c"fence_token_seq".as_ptr(), schema)
+    };
+    if oid == pg_sys::InvalidOid {
+        return Err(LockError::EraRecord {
+            detail: "lockext.fence_token_seq is missing".into(),
+        });
+    }
+    Ok(oid)
 }
 
-const SLOTS: usize = 32;
-
-#[derive(Clone, Copy, Default)]
-pub struct EpochBoard {
-    slots: [Confirmed; SLOTS],
+/// The era tokens of this history carry.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+struct InForce {
+    history: History,
+    layout: Layout,
+    era: i64,
+    /// Whether `lockext.token_epoch` is known to record this era, committed.
+    row_confirmed: bool,
 }
-unsafe impl PGRXSharedMemory for EpochBoard {}
-
-static BOARD: PgLwLock<EpochBoard> = unsafe { PgLwLock::new(c"lockext_token_epochs") };
-// Set the first time a backend looks after shared memory was (re)initialised: a crash
-// restart re-creates shared memory, so a new value marks a new boot.
-static BOOT: pgrx::PgAtomic<AtomicU64> = unsafe { pgrx::PgAtomic::new(c"lockext_boot") };
 
 thread_local! {
-    static LOCAL: Cell<Option<Confirmed>> = const { Cell::new(None) };
-}
-
-pub fn init_shared_memory() {
-    pg_shmem_init!(BOARD);
-    pg_shmem_init!(BOOT);
-}
-
-/// This boot of the server's shared memory; 0 when lockext is not preloaded.
-fn boot_id() -> i64 {
-    if !settings::preloaded() {
-        return 0;
-    }
-    let boot = BOOT.get();
-    match boot.load(Ordering::Acquire) {
-        0 => {
-            let now = unsafe { pg_sys::GetCurrentTimestamp() } as u64;
-            match boot.compare_exchange(0, now, Ordering::AcqRel, Ordering::Acquire) {
-                Ok(_) => now as i64,
-                Err(existing) => existing as i64,
-            }
-        }
-        set => set as i64,
-    }
-}
-
-/// The confirmed epoch of `identity`. An identity's confirmed epoch never changes (a raise
-/// comes with a new identity), so a backend keeps its own copy and asks shared memory, and
-/// its lock, only once per identity.
-fn cached(identity: &Identity) -> Option<i64> {
-    if let Some(epoch) =
-        LOCAL.with(|l| l.get().filter(|c| c.identity == *identity).map(|c| c.epoch))
-    {
-        return Some(epoch);
-    }
-    if !settings::preloaded() {
-        return None;
-    }
-    let epoch = {
-        let board = BOARD.share();
-        board
-            .slots
-            .iter()
-            .find(|c| c.identity == *identity)
-            .map(|c| c.epoch)
-    }?;
-    LOCAL.with(|l| {
-        l.set(Some(Confirmed {
-            identity: *identity,
-            epoch,
-        }))
-    });
-    Some(epoch)
-}
-
-fn remember(identity: Identity, epoch: i64) {
-    let entry = Confirmed { identity, epoch };
-    LOCAL.with(|l| l.set(Some(entry)));
-    if settings::preloaded() {
-        let mut board = BOARD.exclusive();
-        let slot = board
-            .slots
-            .iter()
-            .position(|c| c.identity.database == identity.database)
-            .or_else(|| board.slots.iter().position(|c| c.identity.database == 0))
-            .unwrap_or(identity.database as usize % SLOTS);
-        board.slots[slot] = entry;
-    }
+    // A history's era never changes (a new era comes with a new history), so a backend
+    // reads the cluster record once per history and then compares.
+    static LOCAL: Cell<Option<InForce>> = const { Cell::new(None) };
 }
 
 // ---- statements ----------------------------------------------------------------------
 
-static READ_EPOCH: Statement = Statement {
-    sql: "SELECT epoch::bigint, system_identifier = $1 AND timeline = $2 AND database = $3 AND boot = $4, \
-                 system_identifier = $1 AND timeline = $2 AND database = $3 \
+// Read under the newest snapshot: the row and whether this transaction wrote it.
+static READ_ROW: Statement = Statement {
+    sql: "SELECT epoch::bigint, layout::bigint, xmin::text::bigint, system_identifier \
             FROM lockext.token_epoch",
-    params: &[INT8OID, INT4OID, OIDOID, INT8OID],
+    params: &[],
 };
 
-static RECORD_EPOCH: Statement = Statement {
-    sql:
-        "INSERT INTO lockext.token_epoch AS t \
-                 (singleton, epoch, system_identifier, timeline, database, boot, raised_at) \
-          VALUES (true, $5, $1, $2, $3, $4, clock_timestamp()) \
+static WRITE_ROW: Statement = Statement {
+    sql: "INSERT INTO lockext.token_epoch AS t \
+                 (singleton, epoch, layout, system_identifier, timeline, database, raised_at) \
+          VALUES (true, $1, $2, $3, $4, $5, clock_timestamp()) \
           ON CONFLICT (singleton) DO UPDATE \
-             SET epoch = greatest(t.epoch, EXCLUDED.epoch), \
+             SET epoch = EXCLUDED.epoch, layout = EXCLUDED.layout, \
                  system_identifier = EXCLUDED.system_identifier, timeline = EXCLUDED.timeline, \
-                 database = EXCLUDED.database, boot = EXCLUDED.boot, raised_at = EXCLUDED.raised_at",
-    params: &[INT8OID, INT4OID, OIDOID, INT8OID, INT4OID],
+                 database = EXCLUDED.database, raised_at = EXCLUDED.raised_at \
+           WHERE t.epoch < EXCLUDED.epoch OR t.layout <> EXCLUDED.layout",
+    params: &[INT4OID, INT2OID, INT8OID, INT4OID, OIDOID],
 };
 
 static LAST_COUNTER: Statement = Statement {
@@ -216,116 +229,219 @@ static LAST_COUNTER: Statement = Statement {
     params: &[],
 };
 
-// ---- epochs --------------------------------------------------------------------------
-
-/// The epoch a token minted now must carry, and whether it is known to be on disk.
-struct InForce {
-    epoch: i64,
-    confirmed: bool,
-    identity: Identity,
+/// `lockext.token_epoch` as the newest snapshot shows it.
+#[derive(Clone, Copy, Debug)]
+pub struct Row {
+    pub epoch: i64,
+    pub layout: Option<Layout>,
+    /// Written by this transaction, which may still roll back.
+    pub own: bool,
+    /// Written in another cluster: the row came with a dump from there.
+    pub foreign: bool,
 }
 
-fn epoch_in_force(client: &mut SpiClient<'_>) -> Result<InForce, LockError> {
-    let identity = Identity::now();
-    if let Some(epoch) = cached(&identity) {
-        return Ok(InForce {
-            epoch,
-            confirmed: true,
-            identity,
-        });
+fn read_row() -> Option<Row> {
+    let row = READ_ROW.read_latest(&[])?;
+    let xmin = row.get::<i64>(3).unwrap_or(0) as u32;
+    let system = unsafe { pg_sys::GetSystemIdentifier() } as i64;
+    Some(Row {
+        epoch: row.get::<i64>(1).unwrap_or(0),
+        layout: row.get::<i64>(2).and_then(Layout::from_code),
+        own: unsafe { pg_sys::TransactionIdIsCurrentTransactionId(xmin.into()) },
+        foreign: row.get::<i64>(4) != Some(system),
+    })
+}
+
+// ---- eras ----------------------------------------------------------------------------
+
+/// The layout and era a new history of this database starts with: see the module
+/// comment. A pure function of what is recorded, so it can be tested on its own.
+pub fn next_era(
+    record: &Record,
+    database: u32,
+    row: Option<Row>,
+    timeline: u32,
+) -> Result<(Layout, i64), LockError> {
+    // Layout: what the row says (it travels with dumps); else what this database used last
+    // (a reinstall); else the safe one.
+    let layout = row
+        .and_then(|row| row.layout)
+        .or_else(|| {
+            record
+                .current
+                .get(&database)
+                .and_then(|c| Layout::from_code(i64::from(c.layout)))
+        })
+        .unwrap_or(Layout::Safe);
+    let mut era = layout.floor(timeline).max(0);
+    if let Some(max) = record.max.get(&layout.code()) {
+        era = era.max(max + 1);
     }
-    match read_epoch(client, &identity)? {
-        Some((epoch, true, _)) => {
-            remember(identity, epoch); // seen committed, so durable: trust it from now on
-            Ok(InForce {
-                epoch,
-                confirmed: true,
-                identity,
-            })
+    if let Some(row) = row.filter(|row| row.layout.unwrap_or(layout) == layout) {
+        // The row can lag the era in force by one: its source may have started an era and
+        // handed out tokens in it before the row's write committed. A row from another
+        // cluster (a dump restored here) is therefore passed by two.
+        era = era.max(row.epoch + if row.foreign { 2 } else { 1 });
+    }
+    if era >= layout.era_limit() {
+        return Err(LockError::TokensExhausted { what: "era" });
+    }
+    Ok((layout, era))
+}
+
+/// The era in force for this history. When none is recorded yet: with `start`, starts one
+/// (recording it in the cluster record first); without, says which one would start.
+fn in_force(start: bool) -> Result<InForce, LockError> {
+    let history = History::now()?;
+    if let Some(cached) = LOCAL.with(|l| l.get()).filter(|c| c.history == history) {
+        return Ok(cached);
+    }
+    let found = |record: &Record| {
+        record
+            .current
+            .get(&history.database)
+            .filter(|c| history.matches(c))
+            .and_then(|c| Some((Layout::from_code(i64::from(c.layout))?, c.era)))
+    };
+    let record = eras::read()?;
+    let row = read_row;
+    let (layout, era) = match found(&record) {
+        Some(known) => known,
+        None if !start => next_era(&record, history.database, row(), history.timeline)?,
+        None => {
+            let row = row();
+            eras::update(|record| {
+                if let Some(known) = found(record) {
+                    return Ok(known); // another backend started it first
+                }
+                let (layout, era) = next_era(record, history.database, row, history.timeline)?;
+                let max = record.max.entry(layout.code()).or_insert(era);
+                *max = (*max).max(era);
+                record.current.insert(
+                    history.database,
+                    Current {
+                        layout: layout.code(),
+                        system: history.system,
+                        timeline: history.timeline,
+                        sequence: history.sequence.to_u32(),
+                        era,
+                    },
+                );
+                Ok((layout, era))
+            })?
         }
-        recorded => Ok(InForce {
-            epoch: next_epoch(recorded, identity.timeline)?,
-            confirmed: false,
-            identity,
-        }),
+    };
+    let in_force = InForce {
+        history,
+        layout,
+        era,
+        row_confirmed: false,
+    };
+    if start || found(&record).is_some() {
+        LOCAL.with(|l| l.set(Some(in_force)));
     }
+    Ok(in_force)
 }
 
-/// Call before minting: returns the epoch to mint with (the `$6` of `mint_sql!`),
-/// recording a new one if this history has none yet. Never waits: if another
-/// transaction is recording the same epoch right now, this one mints with it too.
-pub fn prepare_to_mint(client: &mut SpiClient<'_>) -> Result<i64, LockError> {
-    if settings::durability() == Durability::Epoch && !settings::preloaded() {
-        return Err(LockError::EpochModeNeedsPreload);
-    }
-    let in_force = epoch_in_force(client)?;
-    if !in_force.confirmed {
-        // Rule 3: this token's counter must reach the disk with its grant.
-        crate::commit::require_flush();
-        if crate::claims::try_claim(EPOCH_CLAIM) {
-            record(client, &in_force.identity, in_force.epoch)?;
+/// Makes `lockext.token_epoch` record the era in force, for dumps: a restore elsewhere
+/// then starts above it. Only one transaction writes it at a time (the others try again
+/// at their next grant); it counts as recorded once read back committed by another.
+fn record_row(client: &mut SpiClient<'_>, in_force: &InForce) -> Result<(), LockError> {
+    let row = read_row();
+    if let Some(row) = row {
+        if row.epoch >= in_force.era && row.layout == Some(in_force.layout) && !row.own {
+            LOCAL.with(|l| {
+                l.set(Some(InForce {
+                    row_confirmed: true,
+                    ..*in_force
+                }))
+            });
+            return Ok(());
+        }
+        if row.own && row.epoch >= in_force.era {
+            return Ok(()); // written by this transaction already
         }
     }
-    Ok(in_force.epoch)
+    if crate::claims::try_claim(EPOCH_CLAIM) {
+        let h = in_force.history;
+        let era =
+            i32::try_from(in_force.era).map_err(|_| LockError::TokensExhausted { what: "era" })?;
+        WRITE_ROW.run(
+            client,
+            &[
+                era.into(),
+                i16::from(in_force.layout.code()).into(),
+                (h.system as i64).into(),
+                (h.timeline as i32).into(),
+                pg_sys::Oid::from(h.database).into(),
+            ],
+        )?;
+    }
+    Ok(())
 }
 
-/// Call after minting: commits as the durability mode asks.
-pub fn after_mint() {
+// ---- minting ---------------------------------------------------------------------------
+
+/// The next counter value, on disk before it is returned (see the module comment).
+fn next_counter(sequence: pg_sys::Oid) -> i64 {
+    unsafe {
+        // lockext's functions run as the extension's owner: no permission check to make.
+        let value = pg_sys::ffi::pg_guard_ffi_boundary(|| nextval_internal(sequence, false));
+        let lsn = sequence_page_lsn(sequence);
+        if lsn > pg_sys::GetFlushRecPtr(std::ptr::null_mut()) {
+            pg_sys::XLogFlush(lsn);
+        }
+        value
+    }
+}
+
+// commands/sequence.h, which pgrx does not bind; called through pgrx's guard, so that its
+// ERROR (2200H at the sequence's MAXVALUE) unwinds as any other.
+unsafe extern "C-unwind" {
+    fn nextval_internal(relid: pg_sys::Oid, check_permissions: bool) -> i64;
+}
+
+/// The LSN of the sequence's page: of the WAL record that covers every value handed out so
+/// far, since nextval logs before it hands out a value the last record did not cover.
+unsafe fn sequence_page_lsn(sequence: pg_sys::Oid) -> u64 {
+    unsafe {
+        let rel = pg_sys::relation_open(sequence, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
+        let buffer = pg_sys::ReadBuffer(rel, 0);
+        pg_sys::LockBuffer(buffer, pg_sys::BUFFER_LOCK_SHARE as i32);
+        let header = pg_sys::BufferGetPage(buffer) as *const pg_sys::PageHeaderData;
+        let lsn = (u64::from((*header).pd_lsn.xlogid) << 32) | u64::from((*header).pd_lsn.xrecoff);
+        pg_sys::UnlockReleaseBuffer(buffer);
+        pg_sys::relation_close(rel, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
+        lsn
+    }
+}
+
+/// Mints one token for a grant. Call only once the grant is decided (past the lock id's
+/// gate, the lock found free): a token minted and not used is only a gap.
+pub fn mint(client: &mut SpiClient<'_>) -> Result<i64, LockError> {
+    let in_force = in_force(true)?;
+    if !in_force.row_confirmed {
+        record_row(client, &in_force)?;
+    }
+    let counter = next_counter(in_force.history.sequence);
+    let token = in_force.layout.compose(in_force.era, counter)?;
     if settings::durability() == Durability::Grant {
         crate::commit::require_flush();
     }
-}
-
-/// The epoch after `recorded` (epoch, same identity, same identity but for the boot).
-pub fn next_epoch(recorded: Option<(i64, bool, bool)>, timeline: i32) -> Result<i64, LockError> {
-    let era_of_timeline = if i64::from(timeline) < ERA_LIMIT {
-        i64::from(timeline).max(1)
-    } else {
-        1
-    };
-    let epoch = match recorded {
-        // Same history, new boot: the next raise.
-        Some((epoch, _, true)) => epoch + 1,
-        // Another history (failover, PITR, restore): a new era, at least the timeline's.
-        Some((epoch, _, false)) => ((epoch >> RAISE_BITS) + 1).max(era_of_timeline) << RAISE_BITS,
-        None => era_of_timeline << RAISE_BITS,
-    };
-    if epoch >= EPOCH_LIMIT {
-        return Err(LockError::EpochsExhausted);
-    }
-    Ok(epoch)
-}
-
-fn read_epoch(
-    client: &mut SpiClient<'_>,
-    identity: &Identity,
-) -> Result<Option<(i64, bool, bool)>, LockError> {
-    let rows = READ_EPOCH.run(client, &identity.args())?;
-    if rows.is_empty() {
-        return Ok(None);
-    }
-    let row = rows.first();
-    let epoch = row.get::<i64>(1)?.unwrap_or(0);
-    let same = row.get::<bool>(2)?.unwrap_or(false);
-    let same_but_boot = row.get::<bool>(3)?.unwrap_or(false);
-    Ok(Some((epoch, same, same_but_boot)))
-}
-
-fn record(client: &mut SpiClient<'_>, identity: &Identity, epoch: i64) -> Result<(), LockError> {
-    let [a, b, c, d] = identity.args();
-    let epoch = i32::try_from(epoch).map_err(|_| LockError::EpochsExhausted)?;
-    RECORD_EPOCH.run(client, &[a, b, c, d, epoch.into()])?;
-    Ok(())
+    Ok(token)
 }
 
 // ---- issued tokens -------------------------------------------------------------------
 
-/// The highest token that can have been handed out in this database: the epoch in force
+/// The highest token that can have been handed out in this database: the era in force
 /// over the last counter value.
 pub fn highest_issued(client: &mut SpiClient<'_>) -> Result<i64, LockError> {
     let counter = first_value::<i64>(LAST_COUNTER.run(client, &[])?)?.unwrap_or(0);
-    let epoch = epoch_in_force(client)?.epoch;
-    Ok((epoch << COUNTER_BITS) | counter)
+    let in_force = in_force(false)?;
+    let max_counter = (1 << in_force.layout.counter_bits()) - 1;
+    in_force
+        .layout
+        .compose(in_force.era, counter.min(max_counter))
 }
 
 /// Refuses a token that lockext never issued: a forged one would raise a resource's
@@ -339,15 +455,14 @@ pub fn require_issued(client: &mut SpiClient<'_>, token: i64) -> Result<(), Lock
     Ok(())
 }
 
-/// A token taken apart: its era, its raise within the era, and its counter.
+/// A token taken apart: the layout it was minted in (2 for every token of an installation
+/// made with 0.3.0 or later, 1 for one upgraded from 0.2.0), its era and its counter.
 #[pg_extern(immutable, parallel_safe, strict)]
 #[search_path(pg_catalog, pg_temp)]
 fn token_parts(
     fence_token: i64,
-) -> TableIterator<'static, (name!(era, i32), name!(raise, i32), name!(counter, i64))> {
-    let epoch = fence_token >> COUNTER_BITS;
-    let era = (epoch >> RAISE_BITS) as i32;
-    let raise = (epoch & ((1 << RAISE_BITS) - 1)) as i32;
-    let counter = fence_token & ((1 << COUNTER_BITS) - 1);
-    TableIterator::once((era, raise, counter))
+) -> TableIterator<'static, (name!(layout, i32), name!(era, i32), name!(counter, i64))> {
+    let layout = Layout::of(fence_token);
+    let (era, counter) = layout.split(fence_token);
+    TableIterator::once((i32::from(layout.code()), era as i32, counter))
 }

@@ -13,6 +13,7 @@
 # files in /tmp/lockext-deploy) and a PgBouncer in front of it (port
 # $LOCKEXT_DEPLOY_BOUNCER_PORT, default 6699, pool_mode = transaction), then runs:
 #   - each example (Python, Node.js, Go, Rust) directly and through PgBouncer;
+#   - tests/deploy/node/tokens.test.js: fencing tokens kept as JavaScript Numbers stay exact;
 #   - the stored procedure test directly and through PgBouncer;
 #   - the PgBouncer tests (tests/deploy/rust/tests/pgbouncer.rs: the fault suite's contention
 #     scenario through a pool, and session advisory locks breaking there), which start their
@@ -204,6 +205,10 @@ example() { # example LANG URL
 
 procedure() { LOCKEXT_URL=$1 "$PY" "$HERE/procedure/test_procedure.py"; }
 
+# Fencing tokens kept as JavaScript Numbers (the seed article's `fenceToken: number`):
+# they must be safe integers. Uses pg from examples/node (install_node).
+node_tokens() { LOCKEXT_URL=$1 node --test "$HERE/node/tokens.test.js"; }
+
 pgbouncer_tests() {
     cargo test --release --quiet --manifest-path "$HERE/rust/Cargo.toml" --test pgbouncer -- --test-threads=1 --nocapture
 }
@@ -219,6 +224,7 @@ for lang in python node go rust; do
     run "example-$lang" example "$lang" "$DIRECT_URL"
     run "example-$lang-pgbouncer" example "$lang" "$POOLED_URL"
 done
+run node-tokens node_tokens "$DIRECT_URL"
 run procedure procedure "$DIRECT_URL"
 run procedure-pgbouncer procedure "$POOLED_URL"
 run pgbouncer pgbouncer_tests

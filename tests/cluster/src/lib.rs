@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 pub use postgres::{Client, NoTls};
 
+pub mod crash;
 pub mod history;
 pub mod permits;
 

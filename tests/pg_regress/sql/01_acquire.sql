@@ -5,9 +5,9 @@
 SELECT lock_id, owner, fence_token, expires_at - acquired_at AS lease
   FROM lockext.lock_acquire('orders', 'worker-1@host-a:4242', '30 seconds');
 
--- A token is an epoch over a counter (see README, "Tokens"): era 1 (the WAL timeline of a
--- fresh cluster), raise 0, and the first value of the counter.
-SELECT era, raise, counter
+-- A token is an era over a counter (see README, "Tokens"): layout 2 (every token below
+-- 2^53), era 0 (the first installation of a fresh cluster), and the counter's first value.
+SELECT layout, era, counter
   FROM lockext.locks, lockext.token_parts(fence_token) WHERE lock_id = 'orders';
 
 -- Anyone else is refused while the lease is live. A refusal writes nothing: it does not
@@ -52,8 +52,11 @@ ROLLBACK;
 SELECT count(*) AS ghost_leases FROM lockext.locks WHERE lock_id = 'ghost';
 SELECT fence_token FROM lockext.lock_acquire('ghost', 'worker-2', '30 seconds');
 
--- A grant's token must survive a crash, so the granting transaction commits
--- synchronously even when the session asked for asynchronous commits.
+-- With lockext.durability = grant (the default) an acknowledged grant survives a crash,
+-- so the granting transaction commits synchronously even when the session asks for
+-- asynchronous commits. lockext decides at pre-commit, so the setting shows what the
+-- session asked for until then (tests/cluster/tests/tokens.rs crashes the server to
+-- check that the grant is on disk).
 BEGIN;
 SET LOCAL synchronous_commit = off;
 SELECT fence_token FROM lockext.lock_acquire('durable', 'worker-1', '30 seconds');

@@ -37,7 +37,7 @@ CREATE OPERATOR regress_evil.= (LEFTARG = text, RIGHTARG = text, FUNCTION = regr
 CREATE OPERATOR regress_evil.> (LEFTARG = timestamptz, RIGHTARG = timestamptz, FUNCTION = pg_catalog.timestamptz_lt);
 SET search_path = regress_evil, public;
 SELECT lockext.lock_acquire('vault', 'app-2', '1 minute') IS NULL AS still_refused;
-SELECT era >= 1 AND counter > 1 AS real_token
+SELECT layout = 2 AND counter > 1 AS real_token
   FROM lockext.lock_acquire('vault-2', 'app-1', '1 minute') g, lockext.token_parts(g.fence_token);
 RESET search_path;
 RESET ROLE;

@@ -57,8 +57,23 @@ SELECT resource_id, fence_token = :t AS same_mark, data FROM lockext.resources;
 SELECT lock_id, owner, mode, role FROM lockext.holders;
 SELECT lockext.lock_renew('kept-lease', 'worker-1', '1 hour', :t) IS NOT NULL AS renewed;
 SELECT fence_token > :t AS next_token_is_higher FROM lockext.lock_acquire('new-lease', 'worker-2', '1 hour');
+-- It had handed out tokens (above 2^53), so it keeps 0.2.0's layout: a token never goes
+-- backwards. Its era starts above every epoch 0.2.0 could have used (the next era's).
+SELECT p.layout, p.era > ((4096 >> 12) + 1) << 12 | 4095 AS above_the_next_era, e.layout AS recorded
+  FROM lockext.locks l, lockext.token_parts(l.fence_token) p, lockext.token_epoch e
+ WHERE l.lock_id = 'new-lease';
 
 -- Updated and fresh are the same, object for object.
 SELECT count(*) > 40 AS fresh_shape_is_described FROM fresh_shape;
 SELECT * FROM pg_temp.lockext_shape() EXCEPT SELECT * FROM fresh_shape;
 SELECT * FROM fresh_shape EXCEPT SELECT * FROM pg_temp.lockext_shape();
+
+-- A reinstall keeps the layout the database used (the cluster's record remembers it), and
+-- the tokens keep rising.
+SELECT max(fence_token) AS before_reinstall FROM lockext.locks \gset
+SET client_min_messages = warning;
+DROP EXTENSION lockext CASCADE;
+RESET client_min_messages;
+CREATE EXTENSION lockext;
+SELECT p.layout, g.fence_token > :before_reinstall AS higher
+  FROM lockext.lock_acquire('after-reinstall', 'worker-3', '1 hour') g, lockext.token_parts(g.fence_token) p;

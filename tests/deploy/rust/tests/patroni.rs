@@ -20,7 +20,7 @@
 //!   acknowledged write is lost, and no acknowledged grant either.
 //!
 //! Each scenario prints a `SUMMARY` line and a `TOKENS` line (highest acknowledged before,
-//! lowest granted after, as era/raise/counter). Run with tests/deploy/patroni/run.sh.
+//! lowest granted after, as era/counter). Run with tests/deploy/patroni/run.sh.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
@@ -331,14 +331,9 @@ fn spawn(url: &str, dir: &Path, stop: &Path, id: &str, args: &[(&str, String)]) 
     }
 }
 
-/// (era, raise, counter) of a token, as lockext.token_parts.
+/// (era, counter) of a token, as lockext.token_parts (layout 2: an era over 41 bits).
 fn parts(token: i64) -> String {
-    format!(
-        "{}/{}/{}",
-        token >> 55,
-        (token >> 43) & 0xfff,
-        token & ((1 << 43) - 1)
-    )
+    format!("{}/{}", token >> 41, token & ((1 << 41) - 1))
 }
 
 fn failover(name: &str, synchronous: bool) {
