@@ -7,7 +7,7 @@ PG_MAJOR=15
 PGRX_VERSION=0.18.1
 PG_CONFIG=/usr/lib/postgresql/$PG_MAJOR/bin/pg_config
 APT_PACKAGES=(postgresql-$PG_MAJOR postgresql-server-dev-$PG_MAJOR libclang-dev clang pkg-config sudo make
-    faketime redis-server python3 binutils)
+    faketime redis-server python3 binutils gdb)
 APT_PACKAGES+=("${LOCKEXT_EXTRA_APT[@]:-}")
 
 say() { printf '==> %s\n' "$*" >&2; }

@@ -61,3 +61,12 @@ IMMUTABLE STRICT PARALLEL SAFE
 SET search_path TO pg_catalog, pg_temp
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'token_parts_wrapper';
+
+-- The lease functions act for the role whose code calls them (src/caller.rs): SECURITY
+-- INVOKER, becoming the tables' owner inside, instead of SECURITY DEFINER, where the
+-- caller inside another role's maintenance or SECURITY DEFINER function was misread.
+ALTER FUNCTION lockext.lock_acquire(text, text, interval, interval, interval, text, integer, boolean) SECURITY INVOKER;
+ALTER FUNCTION lockext.lock_renew(text, text, interval, bigint) SECURITY INVOKER;
+ALTER FUNCTION lockext.lock_release(text, text, bigint) SECURITY INVOKER;
+ALTER FUNCTION lockext.lock_acquire_all(text[], text, interval, interval, text, boolean) SECURITY INVOKER;
+ALTER FUNCTION lockext.lock_release_all(text[], text) SECURITY INVOKER;

@@ -106,7 +106,8 @@ SELECT pg_catalog.pg_extension_config_dump('lockext.shared_leases', '');
 SELECT pg_catalog.pg_extension_config_dump('lockext.resources', '');
 SELECT pg_catalog.pg_extension_config_dump('lockext.token_epoch', '');
 
--- Least privilege: nobody writes these tables but lockext's functions (SECURITY DEFINER).
+-- Least privilege: nobody writes these tables but lockext's functions (which run as their
+-- owner: SECURITY DEFINER, or src/caller.rs for the lease functions).
 -- Reading them is harmless and useful to operators, so it is granted.
 REVOKE ALL ON lockext.locks, lockext.shared_leases, lockext.resources, lockext.token_epoch,
     lockext.fence_token_seq FROM PUBLIC;

@@ -21,9 +21,9 @@
 //! every shared acquire also tries, and only tests its lock id's gate; a shared or
 //! semaphore acquire is refused with an error.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 
-use pgrx::pg_sys;
+use pgrx::{pg_sys, register_subxact_callback, PgSubXactCallbackEvent};
 
 use crate::error::LockError;
 
@@ -193,21 +193,54 @@ fn tag_of(kind: u16, key: u64) -> pg_sys::LOCKTAG {
 }
 
 thread_local! {
-    // (local transaction id, claims kept in it)
-    static CLAIMS_KEPT: Cell<(u32, i32)> = const { Cell::new((0, 0)) };
+    // The claims kept in the current transaction, by the subtransaction that took them:
+    // (local transaction id, [(subtransaction id, claims)], oldest first). A subtransaction
+    // that rolls back gives its claims (and those of its committed children, which are
+    // newer) back to the lock manager, so they stop counting too: a PL/pgSQL loop of
+    // refused sets, each rolled back, never spends the budget.
+    static CLAIMS_KEPT: RefCell<(u32, Vec<(pg_sys::SubTransactionId, i32)>)> =
+        const { RefCell::new((0, Vec::new())) };
+    // The local transaction id the abort callback is registered for (pgrx forgets its
+    // subtransaction callbacks when a transaction ends).
+    static WATCHING: Cell<u32> = const { Cell::new(0) };
+}
+
+/// This transaction's claims, reset when it is a new transaction.
+fn with_kept<R>(f: impl FnOnce(&mut Vec<(pg_sys::SubTransactionId, i32)>) -> R) -> R {
+    let lxid = unsafe { (*pg_sys::MyProc).lxid };
+    CLAIMS_KEPT.with(|kept| {
+        let mut kept = kept.borrow_mut();
+        if kept.0 != lxid {
+            *kept = (lxid, Vec::new());
+        }
+        f(&mut kept.1)
+    })
+}
+
+/// Stops counting the claims of a subtransaction that rolls back, once per transaction.
+fn watch_subtransactions() {
+    let lxid = unsafe { (*pg_sys::MyProc).lxid };
+    if WATCHING.with(|w| w.replace(lxid)) == lxid {
+        return;
+    }
+    register_subxact_callback(PgSubXactCallbackEvent::AbortSub, |aborted, _parent| {
+        with_kept(|kept| kept.retain(|(sub, _)| *sub < aborted));
+    });
 }
 
 /// Counts a kept claim against this transaction's budget; false when the budget is spent.
 fn keep_another_claim() -> bool {
-    let lxid = unsafe { (*pg_sys::MyProc).lxid };
+    watch_subtransactions();
     let budget = unsafe { pg_sys::max_locks_per_xact } / 2;
-    CLAIMS_KEPT.with(|kept| {
-        let (xact, n) = kept.get();
-        let n = if xact == lxid { n } else { 0 };
-        if n >= budget {
+    let sub = unsafe { pg_sys::GetCurrentSubTransactionId() };
+    with_kept(|kept| {
+        if kept.iter().map(|(_, n)| n).sum::<i32>() >= budget {
             return false;
         }
-        kept.set((lxid, n + 1));
+        match kept.last_mut() {
+            Some((s, n)) if *s == sub => *n += 1,
+            _ => kept.push((sub, 1)),
+        }
         true
     })
 }
@@ -215,11 +248,9 @@ fn keep_another_claim() -> bool {
 /// Takes back the count of a claim given back: a waiter tries again and again in one
 /// transaction, and only what it keeps counts.
 fn forget_claim() {
-    let lxid = unsafe { (*pg_sys::MyProc).lxid };
-    CLAIMS_KEPT.with(|kept| {
-        let (xact, n) = kept.get();
-        if xact == lxid && n > 0 {
-            kept.set((xact, n - 1));
+    with_kept(|kept| {
+        if let Some(entry) = kept.iter_mut().rev().find(|(_, n)| *n > 0) {
+            entry.1 -= 1;
         }
     });
 }

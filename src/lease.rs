@@ -20,6 +20,7 @@ use pgrx::pg_sys::{self, BuiltinOid::*};
 use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
 
+use crate::caller;
 use crate::claims;
 use crate::commit;
 use crate::error::{self, LockError, OrReport};
@@ -89,7 +90,7 @@ pub(crate) use grant_returning;
 // soon will it be free unless renewed? Do shared leases or permits hold it, and until when?
 static PEEK: Statement = Statement {
     sql: concat!(
-        "SELECT x.held, x.free_ms, s.until_ms, s.semaphore, x.mine_live \
+        "SELECT x.held, x.free_ms, s.until_ms, s.semaphore, x.mine_live, s.dead \
            FROM (SELECT) AS one \
            LEFT JOIN LATERAL ( \
                 SELECT expires_at + lock_delay > $5 AND NOT (owner = $2 AND holder_role = $3) AS held, \
@@ -98,13 +99,86 @@ static PEEK: Statement = Statement {
         " AS free_ms FROM lockext.locks WHERE lock_id = $1) AS x ON true \
            CROSS JOIN LATERAL ( \
                 SELECT ",
-        ms_until!("max(expires_at + lock_delay)"),
-        " AS until_ms, bool_or(permits IS NOT NULL) AS semaphore \
-                  FROM lockext.shared_leases \
-                 WHERE lock_id = $1 AND expires_at + lock_delay > $5) AS s"
+        ms_until!("max(expires_at + lock_delay) FILTER (WHERE live)"),
+        " AS until_ms, bool_or(permits IS NOT NULL) FILTER (WHERE live) AS semaphore, \
+                       count(*) FILTER (WHERE NOT live) AS dead \
+                  FROM (SELECT permits, expires_at, lock_delay, expires_at + lock_delay > $5 AS live \
+                          FROM lockext.shared_leases WHERE lock_id = $1) AS sl) AS s"
     ),
     params: ACQUIRE_PARAMS,
 };
+
+// Dead leases of another kind, or in the slot a permit taker claimed, are deleted before
+// a grant that needs them dead, skipping any row that someone holds locked: a renewal that
+// got there first (it locks the row it extends). The answer is whether every dead row the
+// statement's snapshot shows is gone; if not, the grant is refused as if the lease were
+// live. So a renewal and a conflicting grant can never both succeed: whichever locks the
+// row first wins, and a renewal that comes second finds its row deleted. (Reading the
+// dead rows without deleting them, as 0.2.0 did, let a renewal paused after reading the
+// clock revive a lease that a conflicting grant had already seen expire.)
+macro_rules! clear_dead_sql {
+    ($table:literal, $key:literal, $same_row:literal, $which:literal) => {
+        concat!(
+            "WITH dead AS (SELECT ",
+            $key,
+            " FROM ",
+            $table,
+            " \
+                            WHERE lock_id = $1 AND expires_at + lock_delay <= $5 ",
+            $which,
+            " \
+                              FOR UPDATE SKIP LOCKED), \
+                  gone AS (DELETE FROM ",
+            $table,
+            " AS t USING dead \
+                            WHERE ",
+            $same_row,
+            " RETURNING 1) \
+             SELECT (SELECT count(*) FROM gone) = \
+                    (SELECT count(*) FROM ",
+            $table,
+            " \
+                      WHERE lock_id = $1 AND expires_at + lock_delay <= $5 ",
+            $which,
+            ")"
+        )
+    };
+}
+
+/// Before an exclusive grant: every dead shared lease and permit of the lock id.
+pub static CLEAR_DEAD_SHARED: Statement = Statement {
+    sql: clear_dead_sql!(
+        "lockext.shared_leases",
+        "lock_id, owner",
+        "t.lock_id = dead.lock_id AND t.owner = dead.owner",
+        ""
+    ),
+    params: ACQUIRE_PARAMS,
+};
+/// Before a shared lease or a permit: the dead exclusive lease of the lock id.
+pub static CLEAR_DEAD_EXCLUSIVE: Statement = Statement {
+    sql: clear_dead_sql!("lockext.locks", "lock_id", "t.lock_id = dead.lock_id", ""),
+    params: ACQUIRE_PARAMS,
+};
+/// Before a permit in slot $10: the dead permits of others in that slot.
+pub static CLEAR_DEAD_SLOT: Statement = Statement {
+    sql: clear_dead_sql!(
+        "lockext.shared_leases",
+        "lock_id, owner",
+        "t.lock_id = dead.lock_id AND t.owner = dead.owner",
+        "AND slot = $10 AND NOT (owner = $2 AND holder_role = $3)"
+    ),
+    params: ACQUIRE_PARAMS,
+};
+
+/// Runs a `CLEAR_DEAD_*` statement: whether every dead lease it looked for is gone.
+pub fn clear_dead(
+    client: &mut SpiClient<'_>,
+    statement: &'static Statement,
+    args: &Args<'_>,
+) -> Result<bool, LockError> {
+    Ok(first_value::<bool>(statement.run(client, &args[..])?)? == Some(true))
+}
 
 // Takes over an expired lease, or extends the caller's own live one (same grant, same
 // token). Either way in place: there is no moment at which the lock id has no row.
@@ -316,7 +390,7 @@ impl<'a> Request<'a> {
 /// 'shared' takes one of many shared (read) leases; `permits` takes one permit of a
 /// semaphore with that many; `session_bound` also ends the lease when this session does.
 #[allow(clippy::too_many_arguments)]
-#[pg_extern(volatile, parallel_unsafe, security_definer)]
+#[pg_extern(volatile, parallel_unsafe)]
 #[search_path(pg_catalog, pg_temp)]
 fn lock_acquire(
     lock_id: Option<&str>,
@@ -328,7 +402,7 @@ fn lock_acquire(
     permits: default!(Option<i32>, "NULL"),
     session_bound: default!(Option<bool>, "false"),
 ) -> Option<pgrx::composite_type!('static, "lock_grant")> {
-    (|| {
+    caller::as_owner(|| {
         let lock_id = error::identifier("lock_id", lock_id)?;
         let request = Request::validate(
             lock_id,
@@ -341,12 +415,12 @@ fn lock_acquire(
             session_bound,
         )?;
         acquire(&request)
-    })()
+    })
     .or_report()
 }
 
 /// Extends the caller's live lease to now + `ttl`; NULL when the caller holds none.
-#[pg_extern(volatile, parallel_unsafe, security_definer)]
+#[pg_extern(volatile, parallel_unsafe)]
 #[search_path(pg_catalog, pg_temp)]
 fn lock_renew(
     lock_id: Option<&str>,
@@ -354,18 +428,18 @@ fn lock_renew(
     ttl: Option<Interval>,
     fence_token: default!(Option<i64>, "NULL"),
 ) -> Option<TimestampWithTimeZone> {
-    renew(lock_id, owner, ttl, fence_token).or_report()
+    caller::as_owner(|| renew(lock_id, owner, ttl, fence_token)).or_report()
 }
 
 /// Ends the caller's lease; true when the caller still held it.
-#[pg_extern(volatile, parallel_unsafe, security_definer)]
+#[pg_extern(volatile, parallel_unsafe)]
 #[search_path(pg_catalog, pg_temp)]
 fn lock_release(
     lock_id: Option<&str>,
     owner: Option<&str>,
     fence_token: default!(Option<i64>, "NULL"),
 ) -> bool {
-    release(lock_id, owner, fence_token).or_report()
+    caller::as_owner(|| release(lock_id, owner, fence_token)).or_report()
 }
 
 pub fn acquire(request: &Request<'_>) -> Result<Option<Grant>, LockError> {
@@ -377,7 +451,7 @@ pub fn acquire(request: &Request<'_>) -> Result<Option<Grant>, LockError> {
     let mut args = [
         DatumWithOid::from(request.lock_id),
         request.owner.into(),
-        calling_role().into(),
+        caller::role().into(),
         request.ttl.into(),
         server_now()?.into(),
         DatumWithOid::null::<i64>(), // the token, minted once the grant is decided
@@ -575,6 +649,9 @@ fn attempt_exclusive(
     if held_by_other == Some(true) {
         return Ok((None, peek.get::<i64>(2).map(millis))); // a live lease of someone else's
     }
+    if peek.get::<i64>(6).unwrap_or(0) > 0 && !clear_dead(client, &CLEAR_DEAD_SHARED, args)? {
+        return Ok((None, None)); // a shared lease or permit is being renewed right now
+    }
     let granted = take(
         client,
         request,
@@ -672,7 +749,7 @@ pub fn renew(
     let args = [
         DatumWithOid::from(lock_id),
         owner.into(),
-        calling_role().into(),
+        caller::role().into(),
         ttl.into(),
         server_now()?.into(),
         fence_token.into(),
@@ -716,7 +793,7 @@ pub fn release_valid(
     let args = [
         DatumWithOid::from(lock_id),
         owner.into(),
-        calling_role().into(),
+        caller::role().into(),
         server_now()?.into(),
         fence_token.into(),
     ];
@@ -781,10 +858,4 @@ fn micros_interval(d: Duration) -> Interval {
 pub fn server_now() -> Result<TimestampWithTimeZone, LockError> {
     let now = unsafe { pg_sys::GetCurrentTimestamp() };
     TimestampWithTimeZone::try_from(now).map_err(|_| LockError::ClockOutOfRange)
-}
-
-/// The role that called us. Inside a SECURITY DEFINER function the current user is the
-/// definer; the caller is the "outer" user.
-fn calling_role() -> pg_sys::Oid {
-    unsafe { pg_sys::GetOuterUserId() }
 }

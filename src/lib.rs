@@ -4,6 +4,7 @@
 
 use pgrx::prelude::*;
 
+mod caller;
 mod claims;
 mod commit;
 mod eras;

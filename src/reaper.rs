@@ -83,9 +83,8 @@ macro_rules! with_events {
 pub(crate) use with_events;
 
 // What one batch deletes, $1 leases at most per statement: expired exclusive leases,
-// expired shared leases and permits, and session-bound leases whose session has ended
-// without releasing them (the backend crashed, or its exit could not).
-static REAP: [Statement; 3] = [
+// expired shared leases and permits.
+static REAP: [Statement; 2] = [
     Statement {
         sql: with_events!("expired", "$2", reap_expired_sql!("lockext.locks")),
         params: &[INT4OID, BOOLOID],
@@ -94,19 +93,64 @@ static REAP: [Statement; 3] = [
         sql: with_events!("expired", "$2", reap_expired_sql!("lockext.shared_leases")),
         params: &[INT4OID, BOOLOID],
     },
-    Statement {
-        sql: with_events!(
-            "session_ended",
-            "$2",
-            crate::session::end_sessions_sql!(
-                "NOT EXISTS (SELECT FROM pg_catalog.pg_stat_get_activity(s.taker_pid) AS a \
-                          WHERE a.backend_start = s.session_start)",
-                "LIMIT $1"
-            )
-        ),
-        params: &[INT4OID, BOOLOID],
-    },
 ];
+
+// And session-bound leases whose session has ended without releasing them (the backend
+// crashed, or its exit could not), in two steps. Whether a session lives is read from the
+// backend table, which a transaction reads once and keeps: judged with that copy, a row
+// that a new session of the same owner re-acquired since (FOR UPDATE then sees its new
+// version) would look dead, and be deleted while its session lives. So the first step
+// only locks the rows that look dead, and the second, with the copy read again after the
+// locks are held, deletes those of them that still look dead: no session can take over a
+// locked row in between.
+macro_rules! session_gone {
+    () => {
+        "NOT EXISTS (SELECT FROM pg_catalog.pg_stat_get_activity(s.taker_pid) AS a \
+                      WHERE a.backend_start = s.session_start)"
+    };
+}
+
+static LOCK_ENDED_SESSIONS: Statement = Statement {
+    sql: concat!(
+        "WITH x AS (SELECT lock_id, owner FROM lockext.locks AS s \
+                     WHERE s.session_start IS NOT NULL AND ",
+        session_gone!(),
+        " \
+                     LIMIT $1 FOR UPDATE SKIP LOCKED), \
+              sh AS (SELECT lock_id, owner FROM lockext.shared_leases AS s \
+                      WHERE s.session_start IS NOT NULL AND ",
+        session_gone!(),
+        " \
+                      LIMIT $1 FOR UPDATE SKIP LOCKED) \
+         SELECT (SELECT array_agg(lock_id) FROM x), (SELECT array_agg(owner) FROM x), \
+                (SELECT array_agg(lock_id) FROM sh), (SELECT array_agg(owner) FROM sh)"
+    ),
+    params: &[INT4OID],
+};
+
+static END_LOCKED_SESSIONS: Statement = Statement {
+    sql: with_events!(
+        "session_ended",
+        "$1",
+        crate::session::end_sessions_in!(
+            "x",
+            "lockext.locks",
+            "(s.lock_id, s.owner) IN (SELECT * FROM unnest($2::text[], $3::text[])) \
+             AND NOT EXISTS (SELECT FROM pg_catalog.pg_stat_get_activity(s.taker_pid) AS a WHERE a.backend_start = s.session_start)",
+            ""
+        ),
+        ", ",
+        crate::session::end_sessions_in!(
+            "sh",
+            "lockext.shared_leases",
+            "(s.lock_id, s.owner) IN (SELECT * FROM unnest($4::text[], $5::text[])) \
+             AND NOT EXISTS (SELECT FROM pg_catalog.pg_stat_get_activity(s.taker_pid) AS a WHERE a.backend_start = s.session_start)",
+            ""
+        ),
+        ", reaped AS (SELECT lock_id, fence_token FROM x UNION ALL SELECT lock_id, fence_token FROM sh)"
+    ),
+    params: &[BOOLOID, TEXTARRAYOID, TEXTARRAYOID, TEXTARRAYOID, TEXTARRAYOID],
+};
 
 pub fn register_launcher() {
     BackgroundWorkerBuilder::new("lockext launcher")
@@ -330,15 +374,53 @@ pub fn reap_batch(limit: i32) -> Result<(u64, bool), LockError> {
     Spi::connect_mut(|client| {
         let args = [DatumWithOid::from(limit), settings::NOTIFY.get().into()];
         let (mut total, mut more) = (0, false);
-        for statement in &REAP {
-            let rows = statement.run(client, &args)?;
-            more |= rows.len() >= limit as usize;
+        let ended = |rows: pgrx::spi::SpiTupleTable<'_>| -> Result<u64, LockError> {
+            let n = rows.len() as u64;
             for row in rows {
                 if let Some(lock_id) = row.get::<String>(1)? {
                     crate::wait::wake_head_at_commit(&lock_id);
                 }
-                total += 1;
             }
+            Ok(n)
+        };
+        for statement in &REAP {
+            let n = ended(statement.run(client, &args)?)?;
+            more |= n >= limit as u64;
+            total += n;
+        }
+        // Session-bound leases whose session is gone: lock them, read the backend table
+        // afresh, then end those still without a session.
+        let locked = LOCK_ENDED_SESSIONS.run(client, &[DatumWithOid::from(limit)])?;
+        let keys: Vec<Vec<String>> = if locked.is_empty() {
+            vec![Vec::new(); 4]
+        } else {
+            let row = locked.first();
+            (1..=4)
+                .map(|i| {
+                    Ok(row
+                        .get::<Vec<Option<String>>>(i)?
+                        .unwrap_or_default()
+                        .into_iter()
+                        .flatten()
+                        .collect())
+                })
+                .collect::<Result<_, LockError>>()?
+        };
+        if keys.iter().any(|k| !k.is_empty()) {
+            more |= keys[0].len() >= limit as usize || keys[2].len() >= limit as usize;
+            unsafe { pg_sys::pgstat_clear_backend_activity_snapshot() };
+            let [a, b, c, d] = <[Vec<String>; 4]>::try_from(keys)
+                .map_err(|_| LockError::MissingColumn { name: "keys" })?;
+            total += ended(END_LOCKED_SESSIONS.run(
+                client,
+                &[
+                    settings::NOTIFY.get().into(),
+                    a.into(),
+                    b.into(),
+                    c.into(),
+                    d.into(),
+                ],
+            )?)?;
         }
         Ok((total, more))
     })

@@ -61,7 +61,6 @@ macro_rules! end_sessions_sql {
         )
     };
 }
-pub(crate) use end_sessions_sql;
 
 // The exiting backend's own leases ($1 its pid, $2 its start); $3: send events.
 static END_MINE: Statement = Statement {

@@ -10,13 +10,14 @@ use std::time::Instant;
 
 use pgrx::prelude::*;
 
+use crate::caller;
 use crate::error::{self, LockError, OrReport};
 use crate::lease::{self, Grant, Request};
 use crate::xact;
 
 /// Takes every lock in `lock_ids` for `owner`, or none: one grant per distinct lock id, in
 /// sorted order, or no rows. `wait` bounds the time for the whole set.
-#[pg_extern(volatile, parallel_unsafe, security_definer)]
+#[pg_extern(volatile, parallel_unsafe)]
 #[search_path(pg_catalog, pg_temp)]
 fn lock_acquire_all(
     lock_ids: Option<Vec<Option<String>>>,
@@ -35,7 +36,10 @@ fn lock_acquire_all(
         name!(expires_at, TimestampWithTimeZone),
     ),
 > {
-    TableIterator::new(acquire_all(lock_ids, owner, ttl, wait, mode, session_bound).or_report())
+    TableIterator::new(
+        caller::as_owner(|| acquire_all(lock_ids, owner, ttl, wait, mode, session_bound))
+            .or_report(),
+    )
 }
 
 /// A grant as plain values: lockext.lock_grant's columns. A composite value made inside the
@@ -80,10 +84,10 @@ fn grant_row(grant: &Grant) -> Result<Option<GrantRow>, LockError> {
 }
 
 /// Releases the caller's leases on `lock_ids`; returns how many of them it still held.
-#[pg_extern(volatile, parallel_unsafe, security_definer)]
+#[pg_extern(volatile, parallel_unsafe)]
 #[search_path(pg_catalog, pg_temp)]
 fn lock_release_all(lock_ids: Option<Vec<Option<String>>>, owner: Option<&str>) -> i32 {
-    release_all(lock_ids, owner).or_report()
+    caller::as_owner(|| release_all(lock_ids, owner)).or_report()
 }
 
 fn acquire_all(

@@ -23,8 +23,8 @@ use pgrx::spi::SpiClient;
 use crate::claims;
 use crate::error::LockError;
 use crate::lease::{
-    grant_returning, grant_sets, millis, ms_until, take, Args, Attempt, Kind, Request,
-    ACQUIRE_PARAMS,
+    clear_dead, grant_returning, grant_sets, millis, ms_until, take, Args, Attempt, Kind, Request,
+    ACQUIRE_PARAMS, CLEAR_DEAD_EXCLUSIVE, CLEAR_DEAD_SLOT,
 };
 use crate::statements::Statement;
 
@@ -174,6 +174,23 @@ pub fn attempt(
             }
         }
         Kind::Exclusive => unreachable!("exclusive leases live in lockext.locks"),
+    }
+    // A dead exclusive lease goes first, so that its renewal cannot revive it beside ours.
+    if peek.get::<bool>(1) == Some(false) && !clear_dead(client, &CLEAR_DEAD_EXCLUSIVE, args)? {
+        if let Some(gate) = fixing_n {
+            gate.reopen();
+        }
+        return Ok((None, None));
+    }
+    // And so do dead permits of others in the slot this taker claimed.
+    if matches!(request.kind, Kind::Semaphore(_))
+        && peek.get::<bool>(8) != Some(true)
+        && !clear_dead(client, &CLEAR_DEAD_SLOT, args)?
+    {
+        if let Some(gate) = fixing_n {
+            gate.reopen();
+        }
+        return Ok((None, None));
     }
     let row_exists = peek.get::<bool>(7) == Some(true);
     let granted = if !row_exists && !claims::try_claim_row(request.lock_id, request.owner) {

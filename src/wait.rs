@@ -276,8 +276,23 @@ pub fn nap(deadline: Instant, nap: Duration) {
             pg_sys::PG_WAIT_EXTENSION,
         );
         pg_sys::ResetLatch(pg_sys::MyLatch);
+        // A waiter whose client is gone must not wait on, and above all must not be
+        // granted the lock for nobody: end the session as PostgreSQL does when
+        // client_connection_check_interval finds the client gone (FATAL "connection to
+        // client lost"); the exit hook then leaves the queue.
+        if !pg_sys::MyProcPort.is_null()
+            && !pg_sys::ffi::pg_guard_ffi_boundary(|| pq_check_connection())
+        {
+            pg_sys::ClientConnectionLost = 1;
+            pg_sys::InterruptPending = 1;
+        }
     }
     pg_sys::check_for_interrupts!();
+}
+
+// libpq/libpq.h, which pgrx does not bind: whether the client's socket is still open.
+unsafe extern "C-unwind" {
+    fn pq_check_connection() -> bool;
 }
 
 /// How long a waiter naps before it looks again when nothing wakes it: with a queue a

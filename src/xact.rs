@@ -48,26 +48,41 @@ fn caught_message(caught: &CaughtError) -> String {
 }
 
 /// Runs `body` in a subtransaction that is kept only when `body` returns Ok(Some): what it
-/// did is undone when it comes back with nothing or an error. (An ERROR raised inside
-/// aborts the caller's whole transaction, subtransaction included, as any ERROR does.)
+/// did is undone when it comes back with nothing or an error. An ERROR raised inside (a
+/// cancel, `statement_timeout`, a failed statement) rolls the subtransaction back too, and
+/// is then raised again in the caller's transaction: the subtransaction never outlives
+/// this call, whatever happens in it.
 pub fn all_or_nothing<T>(
     body: impl FnOnce() -> Result<Option<T>, LockError>,
 ) -> Result<Option<T>, LockError> {
     let (context, owner) = unsafe { (pg_sys::CurrentMemoryContext, pg_sys::CurrentResourceOwner) };
+    let back_to_caller = move || unsafe {
+        pg_sys::MemoryContextSwitchTo(context);
+        pg_sys::CurrentResourceOwner = owner;
+    };
     unsafe {
         pg_sys::BeginInternalSubTransaction(std::ptr::null());
         // Results belong to the caller, not to the subtransaction's memory.
         pg_sys::MemoryContextSwitchTo(context);
     }
-    let result = body();
-    unsafe {
-        if matches!(result, Ok(Some(_))) {
-            pg_sys::ReleaseCurrentSubTransaction();
-        } else {
-            pg_sys::RollbackAndReleaseCurrentSubTransaction();
+    let body = AssertUnwindSafe(body);
+    PgTryBuilder::new(move || {
+        let body = body;
+        let result = (body.0)();
+        unsafe {
+            if matches!(result, Ok(Some(_))) {
+                pg_sys::ReleaseCurrentSubTransaction();
+            } else {
+                pg_sys::RollbackAndReleaseCurrentSubTransaction();
+            }
         }
-        pg_sys::MemoryContextSwitchTo(context);
-        pg_sys::CurrentResourceOwner = owner;
-    }
-    result
+        back_to_caller();
+        result
+    })
+    .catch_others(move |caught| {
+        unsafe { pg_sys::RollbackAndReleaseCurrentSubTransaction() };
+        back_to_caller();
+        caught.rethrow()
+    })
+    .execute()
 }

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 pub use postgres::{Client, NoTls};
 
 pub mod crash;
+pub mod gdb;
 pub mod history;
 pub mod permits;
 

@@ -18,6 +18,10 @@ fn holders_and_counters_tell_who_holds_what_and_what_happened() {
     let mut c = cluster.connect();
     c.batch_execute("SET application_name = 'billing-worker'")
         .unwrap();
+    // An earlier grant, so that t - 1 below is a token that was issued (a fresh
+    // cluster's first token is 1).
+    c.batch_execute("SELECT lockext.lock_acquire('invoice:6', 'host-a:11:req-0', '1 minute')")
+        .unwrap();
     let before = stats(&mut c);
 
     let t: i64 = c

@@ -275,3 +275,51 @@ fn a_terminated_waiter_leaves_the_queue() {
         "nobody is left ahead in the queue, so a caller that does not wait gets the lock"
     );
 }
+
+#[test]
+fn a_waiter_whose_client_was_killed_leaves_the_queue_and_gets_nothing() {
+    let cluster = Cluster::start("wait-client-killed", "");
+    let mut holder = cluster.connect();
+    acquire(&mut holder, "desk", "holder", "0").unwrap();
+    // A real client process, killed with SIGKILL while its backend waits: nothing tells
+    // the backend but its socket.
+    let mut psql = std::process::Command::new(format!("{PG_BIN}/psql"))
+        .args([
+            "-X",
+            "-q",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &cluster.port.to_string(),
+        ])
+        .args(["-U", "postgres", "-d", "postgres", "-c"])
+        .arg("SELECT lockext.lock_acquire('desk', 'doomed', '1 hour', wait => '60 seconds')")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("psql");
+    eventually(Duration::from_secs(10), "the waiter is queued", || {
+        (waiting(&mut holder, "desk") == 1).then_some(())
+    });
+    signal(psql.id() as i32, "KILL");
+    let _ = psql.wait();
+    eventually(
+        Duration::from_secs(5),
+        "the dead client's waiter leaves the queue",
+        || (waiting(&mut holder, "desk") == 0).then_some(()),
+    );
+    assert!(release(&mut holder, "desk", "holder"));
+    let mut other = cluster.connect();
+    assert!(
+        acquire(&mut other, "desk", "next", "0").is_some(),
+        "nobody is left ahead in the queue"
+    );
+    let doomed: i64 = holder
+        .query_one(
+            "SELECT count(*) FROM lockext.locks WHERE owner = 'doomed'",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(doomed, 0, "the dead client's backend was granted nothing");
+}

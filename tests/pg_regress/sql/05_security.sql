@@ -47,6 +47,36 @@ DROP SCHEMA regress_evil CASCADE;
 SET ROLE regress_other_app;
 SELECT lockext.lock_renew('vault', 'app-1', '1 minute') AS renewed;
 SELECT lockext.lock_release('vault', 'app-1') AS released;
+-- Code of another role that runs inside an administrator's maintenance acts for the role
+-- whose code it is, not for the administrator. Here regress_other_app hides a release of
+-- app-1's lease (and a renewal) in an index expression over its own table; a superuser's
+-- ANALYZE evaluates the expression as the table's owner (a security-restricted operation),
+-- and the lease must survive it.
+RESET ROLE;
+CREATE SCHEMA regress_trap AUTHORIZATION regress_other_app;
+SET ROLE regress_other_app;
+CREATE TABLE regress_trap.t (lock_id text);
+CREATE FUNCTION regress_trap.fn(text) RETURNS boolean LANGUAGE sql IMMUTABLE
+    AS $$ SELECT lockext.lock_release($1, 'app-1') OR lockext.lock_renew($1, 'app-1', '1 day') IS NOT NULL $$;
+INSERT INTO regress_trap.t VALUES ('vault');
+CREATE INDEX regress_trap_idx ON regress_trap.t ((regress_trap.fn(lock_id)));
+RESET ROLE;
+ANALYZE regress_trap.t;
+SELECT lock_id, owner, holder_role::regrole, expires_at - acquired_at < interval '1 hour' AS not_renewed
+  FROM lockext.locks WHERE lock_id = 'vault';
+-- The same through another role's SECURITY DEFINER function called by an administrator:
+-- it acts for its definer.
+SET ROLE regress_other_app;
+GRANT USAGE ON SCHEMA regress_trap TO PUBLIC;
+CREATE FUNCTION regress_trap.definer_fn() RETURNS boolean LANGUAGE sql SECURITY DEFINER
+    AS $$ SELECT lockext.lock_release('vault', 'app-1') $$;
+RESET ROLE;
+SET ROLE regress_ops;
+SELECT regress_trap.definer_fn() AS released_through_definer;
+RESET ROLE;
+SET client_min_messages = warning;
+DROP SCHEMA regress_trap CASCADE;
+RESET client_min_messages;
 -- An operator can clear a stuck lock.
 SET ROLE regress_ops;
 SELECT lockext.lock_release('vault', 'app-1') AS released_by_admin;

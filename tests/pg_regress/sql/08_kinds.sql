@@ -96,6 +96,44 @@ SELECT lockext.lock_release_all(ARRAY['s-c', 's-d'], 'rival') AS released;
 -- Shared sets, too.
 SELECT lock_id, owner FROM lockext.lock_acquire_all(ARRAY['t-2', 't-1'], 'reader', '1 minute', mode => 'shared');
 SELECT lockext.lock_release_all(ARRAY['t-1', 't-2'], 'reader') AS released;
+-- A waiting set that is cancelled (statement_timeout) leaves nothing behind: its
+-- subtransaction is rolled back with it, and the session goes on as after any error.
+SELECT owner FROM lockext.lock_acquire('s-held', 'other', '1 minute');
+SET statement_timeout = '300ms';
+\set VERBOSITY terse
+SELECT * FROM lockext.lock_acquire_all(ARRAY['s-free', 's-held'], 'waiter', '1 minute', wait => '10 seconds');
+\set VERBOSITY default
+RESET statement_timeout;
+SELECT 1 AS next_statement_runs;
+BEGIN;
+SELECT lock_id FROM lockext.lock_acquire('s-after', 'waiter', '1 minute');
+ROLLBACK;
+-- The same inside an exception block: what follows it commits as usual.
+SET statement_timeout = '300ms';
+DO $$
+BEGIN
+    PERFORM * FROM lockext.lock_acquire_all(ARRAY['s-held'], 'waiter', '1 minute', wait => '10 seconds');
+EXCEPTION WHEN query_canceled THEN
+    RAISE NOTICE 'cancelled';
+END $$;
+RESET statement_timeout;
+SELECT lock_id FROM lockext.lock_acquire('s-after', 'waiter', '1 minute');
+\c
+SELECT lock_id, owner FROM lockext.locks WHERE lock_id IN ('s-free', 's-held', 's-after') ORDER BY 1;
+SELECT lockext.lock_release('s-after', 'waiter') AND lockext.lock_release('s-held', 'other') AS released;
+-- Claims of a refused set are given back with its subtransaction, and stop counting
+-- against the transaction's budget (max_locks_per_transaction / 2): a loop of refused sets
+-- in one transaction leaves the next shared acquire as free as the first.
+SELECT owner FROM lockext.lock_acquire('s-held', 'other', '1 minute');
+DO $$
+BEGIN
+    FOR i IN 1..100 LOOP
+        PERFORM * FROM lockext.lock_acquire_all(ARRAY['s-a' || i, 's-held'], 'looper', '1 minute');
+    END LOOP;
+    PERFORM lockext.lock_acquire('s-shared', 'looper', '1 minute', mode => 'shared');
+    RAISE NOTICE 'shared lease taken after 100 refused sets';
+END $$;
+SELECT lockext.lock_release('s-shared', 'looper') AND lockext.lock_release('s-held', 'other') AS released;
 -- Bad sets.
 SELECT * FROM lockext.lock_acquire_all(ARRAY[]::text[], 'batch', '1 minute');
 SELECT * FROM lockext.lock_acquire_all(ARRAY['s-a', NULL], 'batch', '1 minute');

@@ -1,0 +1,82 @@
+//! Who is calling: the one role a lease function acts for.
+//!
+//! A lease belongs to the database role that took it (`holder_role`), and only that role
+//! (or a member of `lockext_admin`) may renew or release it. So the role must be the one
+//! whose code is running, as PostgreSQL itself decides it: the current user when the
+//! function is called. Inside a SECURITY DEFINER function that role is gone (the current
+//! user is the definer), and the "outer" user that 0.2.0 used instead is only the
+//! session's role: inside `ANALYZE`, autovacuum's analyze, `REFRESH MATERIALIZED VIEW`,
+//! `REINDEX`, an index expression, or another role's SECURITY DEFINER function, the outer
+//! user is whoever started it while the code that runs is another role's. A member could
+//! then have an administrator's maintenance release a victim's lease.
+//!
+//! So the lease functions are SECURITY INVOKER, and `as_owner` does what SECURITY DEFINER
+//! would, keeping the caller: it records the current user as the caller, becomes the owner
+//! of lockext's schema (who owns its tables) for the body, and restores both afterwards,
+//! on an error too.
+
+use std::cell::Cell;
+
+use pgrx::pg_sys;
+
+use crate::error::LockError;
+
+thread_local! {
+    static CALLER: Cell<Option<pg_sys::Oid>> = const { Cell::new(None) };
+    /// (schema oid, its owner): looked up once per backend and schema.
+    static OWNER: Cell<Option<(pg_sys::Oid, pg_sys::Oid)>> = const { Cell::new(None) };
+}
+
+/// The role the running lease function acts for. Only inside `as_owner`.
+pub fn role() -> pg_sys::Oid {
+    CALLER
+        .with(|c| c.get())
+        .unwrap_or_else(|| unsafe { pg_sys::GetUserId() })
+}
+
+/// Restores the caller's user and security context, and the previous caller, when dropped:
+/// on return, and on an error unwinding through it.
+struct Restore {
+    user: pg_sys::Oid,
+    context: i32,
+    caller: Option<pg_sys::Oid>,
+}
+
+impl Drop for Restore {
+    fn drop(&mut self) {
+        unsafe { pg_sys::SetUserIdAndSecContext(self.user, self.context) };
+        CALLER.with(|c| c.set(self.caller));
+    }
+}
+
+/// Runs `body` for the current user, as the owner of lockext's tables.
+pub fn as_owner<R>(body: impl FnOnce() -> Result<R, LockError>) -> Result<R, LockError> {
+    let (mut user, mut context) = (pg_sys::InvalidOid, 0);
+    unsafe { pg_sys::GetUserIdAndSecContext(&mut user, &mut context) };
+    let owner = owner()?;
+    let _restore = Restore {
+        user,
+        context,
+        caller: CALLER.with(|c| c.replace(Some(user))),
+    };
+    unsafe {
+        pg_sys::SetUserIdAndSecContext(owner, context | pg_sys::SECURITY_LOCAL_USERID_CHANGE as i32)
+    };
+    body()
+}
+
+fn owner() -> Result<pg_sys::Oid, LockError> {
+    let schema = unsafe { pg_sys::get_namespace_oid(c"lockext".as_ptr(), true) };
+    if let Some((cached, owner)) = OWNER.with(|o| o.get()) {
+        if cached == schema {
+            return Ok(owner);
+        }
+    }
+    let owner = pgrx::Spi::get_one_with_args::<pg_sys::Oid>(
+        "SELECT nspowner FROM pg_catalog.pg_namespace WHERE oid = $1",
+        &[schema.into()],
+    )?
+    .ok_or(LockError::MissingColumn { name: "nspowner" })?;
+    OWNER.with(|o| o.set(Some((schema, owner))));
+    Ok(owner)
+}
