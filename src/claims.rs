@@ -99,10 +99,11 @@ pub fn try_gate(lock_id: &str, mode: Mode) -> Result<Option<Gate>, LockError> {
     }))
 }
 
-/// Claims `key` (no lock id starts with NUL) for this transaction, in exclusive mode, as
-/// the gates do; false when another transaction holds it.
-pub fn try_claim(key: &str) -> bool {
-    try_gate(key, Mode::Exclusive).is_ok_and(|gate| gate.is_some())
+/// Claims `key` for this transaction in exclusive mode, outside the claims budget (so never
+/// replaced by the database-wide claim): false when another transaction holds it. For the
+/// one claim lockext itself takes per transaction at most (the epoch row's writer).
+pub fn try_claim_alone(key: &str) -> bool {
+    try_lock(&tag_of(GATE_TAG, fnv1a(key.as_bytes())), Mode::Exclusive).is_some()
 }
 
 /// Claims the creation of `owner`'s shared-lease row for `lock_id`; false when another

@@ -130,6 +130,15 @@ pub fn read() -> Result<Record, LockError> {
     read_at(&dir().join(FILE))
 }
 
+/// Which version of the record is on disk (its inode and change time; None when there is
+/// none): a backend that cached what it read compares this on every grant, one `stat`, and
+/// reads the record again when another backend has rewritten it (always by rename).
+pub fn version() -> Option<(u64, i64, i64)> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = fs::metadata(dir().join(FILE)).ok()?;
+    Some((meta.ino(), meta.ctime(), meta.ctime_nsec()))
+}
+
 /// Reads the record under an exclusive lock, lets `change` decide, and writes the record
 /// back durably if `change` changed it, before returning what `change` returned.
 pub fn update<T>(change: impl FnOnce(&mut Record) -> Result<T, LockError>) -> Result<T, LockError> {

@@ -498,39 +498,65 @@ mod tests {
     #[pg_test]
     fn next_era_rises_above_everything_recorded() {
         use crate::eras::{Current, Record};
-        use crate::token::{next_era, Layout, Row};
-        let row = |epoch, layout, foreign| {
-            Some(Row {
+        use crate::token::{next_era, Found, Layout, Row};
+        let row = |epoch, layout, foreign, timeline| Found {
+            row: Some(Row {
                 epoch,
                 layout: Some(layout),
                 own: false,
                 foreign,
-            })
+                timeline,
+            }),
+            highest_kept: None,
         };
+        let none = Found::default();
         let empty = Record::default();
         // A fresh cluster's first era: 0 on the first timeline, so the first token is 1.
-        assert_eq!(next_era(&empty, 5, None, 1).unwrap(), (Layout::Safe, 0));
-        // At least the timeline less one, so branches of one archive differ.
-        assert_eq!(next_era(&empty, 5, None, 4).unwrap(), (Layout::Safe, 3));
+        assert_eq!(next_era(&empty, 5, none, 1).unwrap(), (Layout::Safe, 0));
+        // At least the timeline less one.
+        assert_eq!(next_era(&empty, 5, none, 4).unwrap(), (Layout::Safe, 3));
         // Above the highest era the cluster used anywhere (a reinstall, a restore of an old
         // dump, another database)...
         let mut used = Record::default();
         used.max.insert(2, 6);
         assert_eq!(
-            next_era(&used, 5, row(2, Layout::Safe, false), 1).unwrap(),
+            next_era(&used, 5, row(2, Layout::Safe, false, 1), 1).unwrap(),
             (Layout::Safe, 7)
         );
         // ...and above the row of this cluster, or by two above the row that came with a
         // dump from another cluster (it may lag its source's era by one).
         assert_eq!(
-            next_era(&empty, 5, row(9, Layout::Safe, false), 1).unwrap(),
+            next_era(&empty, 5, row(9, Layout::Safe, false, 1), 1).unwrap(),
             (Layout::Safe, 10)
         );
         assert_eq!(
-            next_era(&empty, 5, row(9, Layout::Safe, true), 1).unwrap(),
+            next_era(&empty, 5, row(9, Layout::Safe, true, 1), 1).unwrap(),
             (Layout::Safe, 11)
         );
-        // A database that used 0.2.0's layout keeps it through a reinstall (no row left).
+        // ...and above the highest token in lockext's tables (a dump without the row).
+        let kept = Found {
+            row: None,
+            highest_kept: Some((5 << 41) | 7),
+        };
+        assert_eq!(next_era(&empty, 5, kept, 1).unwrap(), (Layout::Safe, 6));
+        // A new timeline passes the base by one more per timeline: a promotion by two, and
+        // two branches of one copy of the record by different amounts.
+        let mut on_one = Record::default();
+        on_one.max.insert(2, 11);
+        on_one.current.insert(
+            5,
+            Current {
+                layout: 2,
+                system: 1,
+                timeline: 1,
+                sequence: 99,
+                era: 11,
+            },
+        );
+        assert_eq!(next_era(&on_one, 5, none, 2).unwrap(), (Layout::Safe, 13));
+        assert_eq!(next_era(&on_one, 5, none, 3).unwrap(), (Layout::Safe, 14));
+        // A database that used 0.2.0's layout keeps it through a reinstall (no row left),
+        // and so does every new installation of that cluster.
         used.current.insert(
             5,
             Current {
@@ -542,16 +568,25 @@ mod tests {
             },
         );
         used.max.insert(1, 12288);
-        assert_eq!(next_era(&used, 5, None, 1).unwrap(), (Layout::Wide, 12289));
-        // ...and a dump of it restored elsewhere too.
+        assert_eq!(next_era(&used, 5, none, 1).unwrap(), (Layout::Wide, 12289));
+        assert_eq!(next_era(&used, 8, none, 1).unwrap(), (Layout::Wide, 12289));
+        // A dump of it restored elsewhere too, with or without its row.
         assert_eq!(
-            next_era(&empty, 7, row(12288, Layout::Wide, false), 1).unwrap(),
+            next_era(&empty, 7, row(12288, Layout::Wide, false, 1), 1).unwrap(),
             (Layout::Wide, 12289)
+        );
+        let wide_kept = Found {
+            row: None,
+            highest_kept: Some((12290 << 43) | 3),
+        };
+        assert_eq!(
+            next_era(&empty, 7, wide_kept, 1).unwrap(),
+            (Layout::Wide, 12291)
         );
         // The end of the era space is an error, never a wrap.
         let mut full = Record::default();
         full.max.insert(2, Layout::Safe.era_limit() - 1);
-        assert!(next_era(&full, 5, None, 1).is_err());
+        assert!(next_era(&full, 5, none, 1).is_err());
         assert!(Layout::Safe.compose(0, 1 << 41).is_err());
         assert!(Layout::Safe.compose(4096, 1).is_err());
         assert_eq!(

@@ -195,11 +195,16 @@ struct InForce {
     era: i64,
     /// Whether `lockext.token_epoch` is known to record this era, committed.
     row_confirmed: bool,
+    /// The version of the cluster record this was read from (`eras::version`).
+    record: Option<(u64, i64, i64)>,
 }
 
 thread_local! {
-    // A history's era never changes (a new era comes with a new history), so a backend
-    // reads the cluster record once per history and then compares.
+    // The era in force, as this backend last read it from the cluster record. A history
+    // keeps its era as long as the record does; the record is rewritten when any history
+    // of the cluster starts an era, and then this backend reads it again before its next
+    // grant (a history that came back, such as a reinstall rolled back, may have been
+    // given a new era meanwhile, and every backend must mint in the same one).
     static LOCAL: Cell<Option<InForce>> = const { Cell::new(None) };
 }
 
@@ -207,7 +212,8 @@ thread_local! {
 
 // Read under the newest snapshot: the row and whether this transaction wrote it.
 static READ_ROW: Statement = Statement {
-    sql: "SELECT epoch::bigint, layout::bigint, xmin::text::bigint, system_identifier \
+    sql: "SELECT epoch::bigint, layout::bigint, xmin::text::bigint, system_identifier, \
+                 timeline::bigint \
             FROM lockext.token_epoch",
     params: &[],
 };
@@ -238,6 +244,8 @@ pub struct Row {
     pub own: bool,
     /// Written in another cluster: the row came with a dump from there.
     pub foreign: bool,
+    /// The WAL timeline it was written on.
+    pub timeline: u32,
 }
 
 fn read_row() -> Option<Row> {
@@ -249,7 +257,31 @@ fn read_row() -> Option<Row> {
         layout: row.get::<i64>(2).and_then(Layout::from_code),
         own: unsafe { pg_sys::TransactionIdIsCurrentTransactionId(xmin.into()) },
         foreign: row.get::<i64>(4) != Some(system),
+        timeline: row.get::<i64>(5).unwrap_or(0) as u32,
     })
+}
+
+// The highest token in lockext's own tables. It travels with dumps even when the epoch row
+// does not (its first write was still uncommitted when the dump was taken, or the dump was
+// of these tables only), so a new era also starts above it.
+static HIGHEST_KEPT: Statement = Statement {
+    sql: "SELECT greatest((SELECT max(fence_token) FROM lockext.locks), \
+                          (SELECT max(fence_token) FROM lockext.shared_leases), \
+                          (SELECT max(fence_token) FROM lockext.resources))",
+    params: &[],
+};
+
+fn highest_kept() -> Option<i64> {
+    HIGHEST_KEPT.read_latest(&[])?.get::<i64>(1)
+}
+
+/// What a new era is chosen from, besides the cluster record.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Found {
+    /// `lockext.token_epoch`, if any.
+    pub row: Option<Row>,
+    /// The highest token in lockext's tables, if any.
+    pub highest_kept: Option<i64>,
 }
 
 // ---- eras ----------------------------------------------------------------------------
@@ -259,29 +291,45 @@ fn read_row() -> Option<Row> {
 pub fn next_era(
     record: &Record,
     database: u32,
-    row: Option<Row>,
+    found: Found,
     timeline: u32,
 ) -> Result<(Layout, i64), LockError> {
-    // Layout: what the row says (it travels with dumps); else what this database used last
-    // (a reinstall); else the safe one.
-    let layout = row
-        .and_then(|row| row.layout)
-        .or_else(|| {
-            record
-                .current
-                .get(&database)
-                .and_then(|c| Layout::from_code(i64::from(c.layout)))
-        })
-        .unwrap_or(Layout::Safe);
-    let mut era = layout.floor(timeline).max(0);
-    if let Some(max) = record.max.get(&layout.code()) {
-        era = era.max(max + 1);
-    }
+    let row = found.row;
+    let kept = found.highest_kept.map(|t| (Layout::of(t), t));
+    // Layout: 0.2.0's as soon as anything says it was used here (the row, this database's
+    // last history, any database of this cluster, a token in the tables), since a token
+    // must never go below one of its tokens; else the safe one.
+    let wide = row.and_then(|r| r.layout) == Some(Layout::Wide)
+        || record.current.get(&database).map(|c| c.layout) == Some(Layout::Wide.code())
+        || record.max.contains_key(&Layout::Wide.code())
+        || kept.map(|(layout, _)| layout) == Some(Layout::Wide);
+    let layout = if wide { Layout::Wide } else { Layout::Safe };
+    // The highest era that may have been used before, of this layout.
+    let mut base: Option<i64> = record.max.get(&layout.code()).copied();
     if let Some(row) = row.filter(|row| row.layout.unwrap_or(layout) == layout) {
         // The row can lag the era in force by one: its source may have started an era and
         // handed out tokens in it before the row's write committed. A row from another
         // cluster (a dump restored here) is therefore passed by two.
-        era = era.max(row.epoch + if row.foreign { 2 } else { 1 });
+        let lag = i64::from(row.foreign);
+        base = base.max(Some(row.epoch + lag));
+    }
+    if let Some((kept_layout, token)) = kept.filter(|(l, _)| *l == layout) {
+        base = base.max(Some(kept_layout.split(token).0));
+    }
+    let mut era = layout.floor(timeline).max(0);
+    if let Some(base) = base {
+        // A new timeline (a promotion, a point-in-time recovery) passes the base by one
+        // more per timeline it moved on: two branches recovered from one copy of this
+        // record get different timelines, so different eras; and a promoted standby also
+        // passes one era its old primary may have started without the standby seeing it.
+        let last_timeline = record
+            .current
+            .get(&database)
+            .map(|c| c.timeline)
+            .or(row.map(|r| r.timeline))
+            .unwrap_or(timeline);
+        let moved_on = i64::from(timeline.saturating_sub(last_timeline));
+        era = era.max(base + 1 + moved_on);
     }
     if era >= layout.era_limit() {
         return Err(LockError::TokensExhausted { what: "era" });
@@ -293,10 +341,14 @@ pub fn next_era(
 /// (recording it in the cluster record first); without, says which one would start.
 fn in_force(start: bool) -> Result<InForce, LockError> {
     let history = History::now()?;
-    if let Some(cached) = LOCAL.with(|l| l.get()).filter(|c| c.history == history) {
+    let version = eras::version();
+    if let Some(cached) = LOCAL
+        .with(|l| l.get())
+        .filter(|c| c.history == history && c.record == version)
+    {
         return Ok(cached);
     }
-    let found = |record: &Record| {
+    let found_in = |record: &Record| {
         record
             .current
             .get(&history.database)
@@ -304,17 +356,24 @@ fn in_force(start: bool) -> Result<InForce, LockError> {
             .and_then(|c| Some((Layout::from_code(i64::from(c.layout))?, c.era)))
     };
     let record = eras::read()?;
-    let row = read_row;
-    let (layout, era) = match found(&record) {
+    let found = || Found {
+        row: read_row(),
+        highest_kept: highest_kept(),
+    };
+    // The version the cache will be checked against: the one read, or none when this
+    // backend rewrote the record just now (the next grant then reads it back once).
+    let mut read_version = version;
+    let (layout, era) = match found_in(&record) {
         Some(known) => known,
-        None if !start => next_era(&record, history.database, row(), history.timeline)?,
+        None if !start => next_era(&record, history.database, found(), history.timeline)?,
         None => {
-            let row = row();
+            read_version = None;
+            let found = found();
             eras::update(|record| {
-                if let Some(known) = found(record) {
+                if let Some(known) = found_in(record) {
                     return Ok(known); // another backend started it first
                 }
-                let (layout, era) = next_era(record, history.database, row, history.timeline)?;
+                let (layout, era) = next_era(record, history.database, found, history.timeline)?;
                 let max = record.max.entry(layout.code()).or_insert(era);
                 *max = (*max).max(era);
                 record.current.insert(
@@ -336,8 +395,9 @@ fn in_force(start: bool) -> Result<InForce, LockError> {
         layout,
         era,
         row_confirmed: false,
+        record: read_version,
     };
-    if start || found(&record).is_some() {
+    if start || found_in(&record).is_some() {
         LOCAL.with(|l| l.set(Some(in_force)));
     }
     Ok(in_force)
@@ -362,7 +422,7 @@ fn record_row(client: &mut SpiClient<'_>, in_force: &InForce) -> Result<(), Lock
             return Ok(()); // written by this transaction already
         }
     }
-    if crate::claims::try_claim(EPOCH_CLAIM) {
+    if crate::claims::try_claim_alone(EPOCH_CLAIM) {
         let h = in_force.history;
         let era =
             i32::try_from(in_force.era).map_err(|_| LockError::TokensExhausted { what: "era" })?;
