@@ -12,13 +12,41 @@ CREATE FUNCTION lockext.fence(resource_id text, fence_token bigint) RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     newer bigint := lockext.fence_advance(resource_id, fence_token);
+    guard text;
 BEGIN
     IF newer IS NOT NULL THEN
+        SELECT r.lock_id INTO guard FROM lockext.resources AS r WHERE r.resource_id = fence.resource_id;
         RAISE EXCEPTION 'fence token % is stale for resource "%"', fence_token, resource_id
             USING ERRCODE = '55L01',
-                  DETAIL = format('A holder with fence token %s has written since.', newer),
+                  DETAIL = CASE WHEN newer > fence_token
+                                THEN format('A holder with fence token %s has written since.', newer)
+                                ELSE format('The resource is bound to lock "%s", and fence token %s is not its live grant.',
+                                            guard, fence_token) END,
                   HINT = 'This client''s lease was lost: stop, and acquire the lock again.';
     END IF;
+END $$;
+
+-- Binds a resource to the lock that guards it (NULL: unbinds it). A bound resource accepts
+-- only the live exclusive grant of that lock (fence, fenced_update, fence_guard with a
+-- resource id) and, for readers, a live lease of it (fence_read): no other lock's token
+-- can move its mark, and a holder whose lease ran out is refused at once. An operator's
+-- decision, so lockext_admin's only.
+--   SELECT lockext.bind_resource('account:42', 'ledger');
+CREATE FUNCTION lockext.bind_resource(resource_id text, lock_id text) RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF resource_id IS NULL THEN
+        RAISE EXCEPTION 'resource_id must not be NULL' USING ERRCODE = '22004';
+    END IF;
+    IF resource_id = '' OR lock_id = '' THEN
+        RAISE EXCEPTION 'resource_id and lock_id must not be empty' USING ERRCODE = '22023';
+    END IF;
+    IF octet_length(resource_id) > 256 OR octet_length(lock_id) > 256 THEN
+        RAISE EXCEPTION 'resource_id and lock_id are at most 256 bytes long' USING ERRCODE = '22001';
+    END IF;
+    INSERT INTO lockext.resources AS r (resource_id, fence_token, data, updated_at, lock_id)
+    VALUES (bind_resource.resource_id, 0, NULL, clock_timestamp(), bind_resource.lock_id)
+    ON CONFLICT ON CONSTRAINT resources_pkey DO UPDATE SET lock_id = EXCLUDED.lock_id;
 END $$;
 
 -- The reader's side, for holders of shared leases. Readers do not move the high-water mark
@@ -31,13 +59,21 @@ CREATE FUNCTION lockext.fence_read(resource_id text, fence_token bigint) RETURNS
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     mark bigint;
+    guard text;
 BEGIN
     IF resource_id IS NULL THEN
         RAISE EXCEPTION 'resource_id must not be NULL' USING ERRCODE = '22004';
     END IF;
     PERFORM lockext.check_token(fence_token);
-    SELECT r.fence_token INTO mark FROM lockext.resources AS r
+    SELECT r.fence_token, r.lock_id INTO mark, guard FROM lockext.resources AS r
      WHERE r.resource_id = fence_read.resource_id FOR SHARE;
+    IF guard IS NOT NULL AND NOT lockext.lock_check(guard, fence_token) THEN
+        RAISE EXCEPTION 'fence token % is stale for resource "%"', fence_token, resource_id
+            USING ERRCODE = '55L01',
+                  DETAIL = format('The resource is bound to lock "%s", and fence token %s is not a live lease of it.',
+                                  guard, fence_token),
+                  HINT = 'This client''s lease was lost: stop, and acquire the lock again.';
+    END IF;
     IF mark > fence_token THEN
         RAISE EXCEPTION 'fence token % is stale for resource "%"', fence_token, resource_id
             USING ERRCODE = '55L01',

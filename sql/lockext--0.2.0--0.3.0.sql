@@ -70,3 +70,93 @@ ALTER FUNCTION lockext.lock_renew(text, text, interval, bigint) SECURITY INVOKER
 ALTER FUNCTION lockext.lock_release(text, text, bigint) SECURITY INVOKER;
 ALTER FUNCTION lockext.lock_acquire_all(text[], text, interval, interval, text, boolean) SECURITY INVOKER;
 ALTER FUNCTION lockext.lock_release_all(text[], text) SECURITY INVOKER;
+
+-- Resources bound to the lock that guards them (lockext.bind_resource): they accept only
+-- that lock's live grant. Unbound resources keep the high-water mark alone.
+ALTER TABLE lockext.resources ADD COLUMN lock_id text;
+CREATE OR REPLACE FUNCTION lockext.fence(resource_id text, fence_token bigint) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    newer bigint := lockext.fence_advance(resource_id, fence_token);
+    guard text;
+BEGIN
+    IF newer IS NOT NULL THEN
+        SELECT r.lock_id INTO guard FROM lockext.resources AS r WHERE r.resource_id = fence.resource_id;
+        RAISE EXCEPTION 'fence token % is stale for resource "%"', fence_token, resource_id
+            USING ERRCODE = '55L01',
+                  DETAIL = CASE WHEN newer > fence_token
+                                THEN format('A holder with fence token %s has written since.', newer)
+                                ELSE format('The resource is bound to lock "%s", and fence token %s is not its live grant.',
+                                            guard, fence_token) END,
+                  HINT = 'This client''s lease was lost: stop, and acquire the lock again.';
+    END IF;
+END $$;
+
+CREATE FUNCTION lockext.bind_resource(resource_id text, lock_id text) RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF resource_id IS NULL THEN
+        RAISE EXCEPTION 'resource_id must not be NULL' USING ERRCODE = '22004';
+    END IF;
+    IF resource_id = '' OR lock_id = '' THEN
+        RAISE EXCEPTION 'resource_id and lock_id must not be empty' USING ERRCODE = '22023';
+    END IF;
+    IF octet_length(resource_id) > 256 OR octet_length(lock_id) > 256 THEN
+        RAISE EXCEPTION 'resource_id and lock_id are at most 256 bytes long' USING ERRCODE = '22001';
+    END IF;
+    INSERT INTO lockext.resources AS r (resource_id, fence_token, data, updated_at, lock_id)
+    VALUES (bind_resource.resource_id, 0, NULL, clock_timestamp(), bind_resource.lock_id)
+    ON CONFLICT ON CONSTRAINT resources_pkey DO UPDATE SET lock_id = EXCLUDED.lock_id;
+END $$;
+
+CREATE OR REPLACE FUNCTION lockext.fence_read(resource_id text, fence_token bigint) RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    mark bigint;
+    guard text;
+BEGIN
+    IF resource_id IS NULL THEN
+        RAISE EXCEPTION 'resource_id must not be NULL' USING ERRCODE = '22004';
+    END IF;
+    PERFORM lockext.check_token(fence_token);
+    SELECT r.fence_token, r.lock_id INTO mark, guard FROM lockext.resources AS r
+     WHERE r.resource_id = fence_read.resource_id FOR SHARE;
+    IF guard IS NOT NULL AND NOT lockext.lock_check(guard, fence_token) THEN
+        RAISE EXCEPTION 'fence token % is stale for resource "%"', fence_token, resource_id
+            USING ERRCODE = '55L01',
+                  DETAIL = format('The resource is bound to lock "%s", and fence token %s is not a live lease of it.',
+                                  guard, fence_token),
+                  HINT = 'This client''s lease was lost: stop, and acquire the lock again.';
+    END IF;
+    IF mark > fence_token THEN
+        RAISE EXCEPTION 'fence token % is stale for resource "%"', fence_token, resource_id
+            USING ERRCODE = '55L01',
+                  DETAIL = format('A writer with fence token %s has written since.', mark),
+                  HINT = 'This client''s lease was lost: stop, and acquire the lock again.';
+    END IF;
+END $$;
+
+REVOKE ALL ON FUNCTION lockext.bind_resource(text, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION lockext.bind_resource(text, text) TO lockext_admin;
+
+-- The era tokens carry now, started at once for an installation that handed out tokens:
+-- the cluster's record (pg_lockext/eras) then knows 0.2.0's layout was used here before
+-- any grant, so a reinstall, or the database dropped and created again, right after the
+-- upgrade still goes on above 0.2.0's tokens.
+CREATE FUNCTION lockext."token_era"() RETURNS TABLE (
+	"layout" INT,  /* i32 */
+	"era" INT  /* i32 */
+)
+STRICT VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'token_era_wrapper';
+REVOKE ALL ON FUNCTION lockext.token_era() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION lockext.token_era() TO lockext_user;
+DO $$
+BEGIN
+    IF EXISTS (SELECT FROM lockext.token_epoch) THEN
+        PERFORM lockext.token_era();
+    END IF;
+END
+$$;

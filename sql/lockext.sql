@@ -89,12 +89,15 @@ CREATE TABLE lockext.token_epoch (
 );
 
 -- The high-water mark of each fenced resource, and the document fenced_update last stored
--- for it (NULL for a resource fenced only with lockext.fence).
+-- for it (NULL for a resource fenced only with lockext.fence). A resource bound to a lock
+-- (lockext.bind_resource) accepts only the live grant of that lock; fence_token is 0 for a
+-- bound resource nobody has written yet.
 CREATE TABLE lockext.resources (
     resource_id text        PRIMARY KEY,
     fence_token bigint      NOT NULL,
     data        jsonb,
-    updated_at  timestamptz NOT NULL
+    updated_at  timestamptz NOT NULL,
+    lock_id     text
 );
 
 -- pg_dump skips extension members unless they are marked: without this a restore would

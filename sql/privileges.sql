@@ -33,12 +33,17 @@ BEGIN
         'lockext.fence_read(text, bigint)',
         'lockext.fenced_read(text, bigint)',
         'lockext.fence_advance(text, bigint)',
-        'lockext.check_token(bigint)'
+        'lockext.check_token(bigint)',
+        'lockext.token_era()'
     ]::regprocedure[] LOOP
         EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', f);
         EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO lockext_user', f);
     END LOOP;
 END $$;
+
+-- Binding a resource to its lock is an operator's decision.
+REVOKE ALL ON FUNCTION lockext.bind_resource(text, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION lockext.bind_resource(text, text) TO lockext_admin;
 
 -- Resetting the counters is an operator's decision.
 REVOKE ALL ON FUNCTION lockext.stats_reset() FROM PUBLIC;

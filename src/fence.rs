@@ -22,7 +22,10 @@ use crate::token;
 // Check and write are one statement: ON CONFLICT takes the resource's row lock, so two
 // writers of one resource run one after the other, and the second sees the first's token.
 // Equal tokens are accepted: that is the same grant writing again. $4 says whether the
-// write replaces the stored document (fenced_update) or only the token (fence).
+// write replaces the stored document (fenced_update) or only the token (fence). A resource
+// bound to a lock also demands that the token be that lock's live exclusive grant, by the
+// server's clock: no other lock's token, however new, can move its mark, and a holder
+// whose lease has run out is refused at once, not only once its successor has written.
 static ADVANCE: Statement = Statement {
     sql: "INSERT INTO lockext.resources AS r (resource_id, fence_token, data, updated_at) \
           VALUES ($1, $2, $3, clock_timestamp()) \
@@ -31,13 +34,19 @@ static ADVANCE: Statement = Statement {
                  data = CASE WHEN $4 THEN EXCLUDED.data ELSE r.data END, \
                  updated_at = EXCLUDED.updated_at \
            WHERE r.fence_token <= EXCLUDED.fence_token \
+             AND (r.lock_id IS NULL \
+                  OR EXISTS (SELECT FROM lockext.locks AS l \
+                              WHERE l.lock_id = r.lock_id AND l.fence_token = EXCLUDED.fence_token \
+                                AND l.expires_at > clock_timestamp())) \
           RETURNING true",
     params: &[TEXTOID, INT8OID, JSONBOID, BOOLOID],
 };
 
+// What made a refused fence stale: the mark, or for a bound resource whose mark is not
+// higher, the token itself (it is not the lock's live grant: lockext.fence says so).
 static HIGH_WATER_MARK: Statement = Statement {
-    sql: "SELECT fence_token FROM lockext.resources WHERE resource_id = $1",
-    params: &[TEXTOID],
+    sql: "SELECT greatest(fence_token, $2) FROM lockext.resources WHERE resource_id = $1",
+    params: &[TEXTOID, INT8OID],
 };
 
 static LEASE_IS_LIVE: Statement = Statement {
@@ -106,7 +115,7 @@ fn fence_only(
     }
     Spi::connect_mut(|client| {
         Ok(first_value::<i64>(
-            HIGH_WATER_MARK.run(client, &[resource_id.into()])?,
+            HIGH_WATER_MARK.run(client, &[resource_id.into(), fence_token.into()])?,
         )?)
     })
 }

@@ -43,9 +43,12 @@ static EXTENSION_INSTALLED: Statement = Statement {
     params: &[],
 };
 
-// Oldest first, through the expires_at index. FOR UPDATE re-checks expiry on the newest
-// version of each row, so a lease renewed a moment ago is left alone.
-// A lease in its lock-delay (expired, not yet free) is left for a later round.
+// Oldest first, through the expires_at index, with the batch's clock ($3, read once) as an
+// index condition, so the scan stops at the first live lease: a batch reads what it may
+// delete, not every lease (clock_timestamp() is volatile, and would make it a filter over
+// the whole index). FOR UPDATE re-checks expiry on the newest version of each row, so a
+// lease renewed a moment ago is left alone. A lease in its lock-delay (expired, not yet
+// free) is left for a later round.
 macro_rules! reap_expired_sql {
     ($table:literal) => {
         concat!(
@@ -55,8 +58,7 @@ macro_rules! reap_expired_sql {
               USING (SELECT lock_id, owner FROM ",
             $table,
             " \
-                      WHERE expires_at <= pg_catalog.clock_timestamp() \
-                        AND expires_at + lock_delay <= pg_catalog.clock_timestamp() \
+                      WHERE expires_at <= $3 AND expires_at + lock_delay <= $3 \
                       ORDER BY expires_at \
                       LIMIT $1 \
                         FOR UPDATE SKIP LOCKED) AS doomed \
@@ -87,11 +89,11 @@ pub(crate) use with_events;
 static REAP: [Statement; 2] = [
     Statement {
         sql: with_events!("expired", "$2", reap_expired_sql!("lockext.locks")),
-        params: &[INT4OID, BOOLOID],
+        params: &[INT4OID, BOOLOID, TIMESTAMPTZOID],
     },
     Statement {
         sql: with_events!("expired", "$2", reap_expired_sql!("lockext.shared_leases")),
-        params: &[INT4OID, BOOLOID],
+        params: &[INT4OID, BOOLOID, TIMESTAMPTZOID],
     },
 ];
 
@@ -102,11 +104,12 @@ static REAP: [Statement; 2] = [
 // version) would look dead, and be deleted while its session lives. So the first step
 // only locks the rows that look dead, and the second, with the copy read again after the
 // locks are held, deletes those of them that still look dead: no session can take over a
-// locked row in between.
+// locked row in between. The backend table is read once per statement, as one anti-join
+// (not one pg_stat_get_activity call per lease).
 macro_rules! session_gone {
     () => {
-        "NOT EXISTS (SELECT FROM pg_catalog.pg_stat_get_activity(s.taker_pid) AS a \
-                      WHERE a.backend_start = s.session_start)"
+        "NOT EXISTS (SELECT FROM pg_catalog.pg_stat_get_activity(NULL) AS a \
+                      WHERE a.pid = s.taker_pid AND a.backend_start = s.session_start)"
     };
 }
 
@@ -136,7 +139,7 @@ static END_LOCKED_SESSIONS: Statement = Statement {
             "x",
             "lockext.locks",
             "(s.lock_id, s.owner) IN (SELECT * FROM unnest($2::text[], $3::text[])) \
-             AND NOT EXISTS (SELECT FROM pg_catalog.pg_stat_get_activity(s.taker_pid) AS a WHERE a.backend_start = s.session_start)",
+             AND NOT EXISTS (SELECT FROM pg_catalog.pg_stat_get_activity(NULL) AS a WHERE a.pid = s.taker_pid AND a.backend_start = s.session_start)",
             ""
         ),
         ", ",
@@ -144,7 +147,7 @@ static END_LOCKED_SESSIONS: Statement = Statement {
             "sh",
             "lockext.shared_leases",
             "(s.lock_id, s.owner) IN (SELECT * FROM unnest($4::text[], $5::text[])) \
-             AND NOT EXISTS (SELECT FROM pg_catalog.pg_stat_get_activity(s.taker_pid) AS a WHERE a.backend_start = s.session_start)",
+             AND NOT EXISTS (SELECT FROM pg_catalog.pg_stat_get_activity(NULL) AS a WHERE a.pid = s.taker_pid AND a.backend_start = s.session_start)",
             ""
         ),
         ", reaped AS (SELECT lock_id, fence_token FROM x UNION ALL SELECT lock_id, fence_token FROM sh)"
@@ -372,7 +375,11 @@ fn extension_installed() -> Result<bool, LockError> {
 /// run it in a backend.
 pub fn reap_batch(limit: i32) -> Result<(u64, bool), LockError> {
     Spi::connect_mut(|client| {
-        let args = [DatumWithOid::from(limit), settings::NOTIFY.get().into()];
+        let args = [
+            DatumWithOid::from(limit),
+            settings::NOTIFY.get().into(),
+            crate::lease::server_now()?.into(),
+        ];
         let (mut total, mut more) = (0, false);
         let ended = |rows: pgrx::spi::SpiTupleTable<'_>| -> Result<u64, LockError> {
             let n = rows.len() as u64;

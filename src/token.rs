@@ -515,6 +515,27 @@ pub fn require_issued(client: &mut SpiClient<'_>, token: i64) -> Result<(), Lock
     Ok(())
 }
 
+/// The layout and era this installation's tokens carry now, starting the era (as the next
+/// grant would) if this history has none yet: so the cluster's record learns of it before
+/// any grant. The upgrade from 0.2.0 calls it, so that a reinstall or a database dropped
+/// and created again right after the upgrade still knows 0.2.0's layout was used here.
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
+#[search_path(pg_catalog, pg_temp)]
+fn token_era() -> TableIterator<'static, (name!(layout, i32), name!(era, i32))> {
+    (|| {
+        crate::error::writable_server()?;
+        Spi::connect_mut(|client| {
+            let in_force = in_force(true)?;
+            if !in_force.row_confirmed {
+                record_row(client, &in_force)?;
+            }
+            Ok::<_, LockError>((i32::from(in_force.layout.code()), in_force.era as i32))
+        })
+    })()
+    .map(TableIterator::once)
+    .unwrap_or_else(|e| e.report())
+}
+
 /// A token taken apart: the layout it was minted in (2 for every token of an installation
 /// made with 0.3.0 or later, 1 for one upgraded from 0.2.0), its era and its counter.
 #[pg_extern(immutable, parallel_safe, strict)]

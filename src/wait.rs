@@ -330,8 +330,18 @@ fn waiters() -> TableIterator<
         .filter(|s| s.ticket != 0)
         .collect();
     slots.sort_by_key(|s| s.ticket);
+    // Like pg_stat_activity: a role sees the lock ids of its own database only, unless it
+    // may read all statistics (a lock id can name a customer, a job, a file).
+    let all = unsafe {
+        pg_sys::has_privs_of_role(
+            pg_sys::GetUserId(),
+            pg_sys::Oid::from(pg_sys::ROLE_PG_READ_ALL_STATS),
+        )
+    };
+    let here = unsafe { pg_sys::MyDatabaseId }.to_u32();
     let rows: Vec<_> = slots
         .iter()
+        .filter(|s| all || s.database == here)
         .map(|s| {
             let position = slots
                 .iter()

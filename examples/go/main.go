@@ -70,7 +70,7 @@ func connect(ctx context.Context) (*pgx.Conn, error) {
 // Lease is a grant held by WithLock.
 type Lease struct {
 	LockID, Owner string
-	Token         int64 // 64-bit: tokens are about 3.6e16
+	Token         int64 // bigint; below 2^53 since 0.3.0, above it on installations upgraded from 0.2.0
 	TTL           time.Duration
 	Renewals      int
 	Released      *bool // lock_release's answer, set when WithLock ends

@@ -14,8 +14,8 @@
 //          lock with a higher token and writes; A is resumed and writes as if nothing
 //          happened: the write is refused (SQLSTATE 55L01) and B's data stays.
 //
-// Fence tokens are 64-bit (about 3.6e16, beyond Number.MAX_SAFE_INTEGER): they are parsed
-// as BigInt here, never as Number. pg uses unnamed statements, so this works behind
+// Fence tokens are bigint: below Number.MAX_SAFE_INTEGER since lockext 0.3.0, but above it
+// on installations upgraded from 0.2.0, so they are parsed as BigInt here, never as Number. pg uses unnamed statements, so this works behind
 // PgBouncer in transaction pooling mode (lockext keeps no session state).
 'use strict'
 

@@ -247,3 +247,77 @@ pub fn pg_restore(cluster: &Cluster, db: &str, file: &std::path::Path, args: &st
 pub fn createdb(cluster: &Cluster, db: &str) {
     as_postgres(&format!("{PG_BIN}/createdb {} {db}", conn_args(cluster)));
 }
+
+/// A server made from a base backup of `primary` (`pg_basebackup -X stream -c fast
+/// <args>`, e.g. `-R` for a streaming standby), not started: its own loopback port and
+/// socket directory, and `extra_conf` appended to the postgresql.conf it copied. Start it
+/// with `pg_ctl("start -w -t 60")`; it is stopped and removed when dropped, as any cluster.
+pub fn base_backup(primary: &Cluster, name: &str, args: &str, extra_conf: &str) -> Cluster {
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a port");
+        l.local_addr().expect("local addr").port()
+    };
+    let dir = std::path::PathBuf::from(format!("/tmp/lockext-tests/{name}-{port}"));
+    let _ = fs::remove_dir_all(&dir);
+    fs::create_dir_all(&dir).expect("create the backup's dir");
+    let chown = Command::new("chown")
+        .args(["-R", "postgres:postgres"])
+        .arg(&dir)
+        .status()
+        .expect("spawn chown");
+    assert!(chown.success(), "chown {}", dir.display());
+    let backup = Cluster {
+        name: name.to_string(),
+        port,
+        dir,
+    };
+    as_postgres(&format!(
+        "{PG_BIN}/pg_basebackup -D {} {} -X stream -c fast {args}",
+        backup.data().display(),
+        conn_args(primary)
+    ));
+    let conf = backup.data().join("postgresql.conf");
+    let mut text = fs::read_to_string(&conf).expect("read the backup's postgresql.conf");
+    text.push_str(&format!(
+        "\n# {name}\nport = {port}\nunix_socket_directories = '{}'\n{extra_conf}\n",
+        backup.dir.display()
+    ));
+    fs::write(&conf, text).expect("write the backup's postgresql.conf");
+    backup
+}
+
+/// Waits until `standby` has replayed the WAL up to `lsn` (text, as `pg_current_wal_lsn()`
+/// gives it on the primary).
+pub fn wait_for_replay(standby: &mut Client, lsn: &str, within: Duration) {
+    eventually(within, &format!("the standby replays up to {lsn}"), || {
+        standby
+            .query_one(
+                "SELECT coalesce(pg_last_wal_replay_lsn() >= $1::text::pg_lsn, false)",
+                &[&lsn],
+            )
+            .ok()?
+            .get::<_, bool>(0)
+            .then_some(())
+    });
+}
+
+/// The WAL timeline the server writes on now (the one recovery ended on, after it).
+pub fn timeline(client: &mut Client) -> i64 {
+    client
+        .query_one(
+            "SELECT ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint",
+            &[],
+        )
+        .expect("the current timeline")
+        .get(0)
+}
+
+/// Waits until the server has left recovery (a promotion, or the end of archive recovery).
+pub fn wait_for_primary(cluster: &Cluster, within: Duration) -> Client {
+    let mut c = cluster.reconnect(within);
+    eventually(within, &format!("{} leaves recovery", cluster.name), || {
+        let in_recovery: bool = c.query_one("SELECT pg_is_in_recovery()", &[]).ok()?.get(0);
+        (!in_recovery).then_some(())
+    });
+    c
+}

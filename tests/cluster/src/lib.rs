@@ -71,11 +71,18 @@ impl Cluster {
         let dir = PathBuf::from(format!("/tmp/lockext-tests/{name}-{port}"));
         let _ = fs::remove_dir_all(&dir);
         fs::create_dir_all(&dir).expect("create cluster dir");
+        // The parent for the postgres user to enter, and this cluster's own directory: never
+        // the whole tree, whose other clusters (another test run's) come and go meanwhile.
+        run_checked(
+            Command::new("chown")
+                .arg("postgres:postgres")
+                .arg("/tmp/lockext-tests"),
+        );
         run_checked(
             Command::new("chown")
                 .arg("-R")
                 .arg("postgres:postgres")
-                .arg("/tmp/lockext-tests"),
+                .arg(&dir),
         );
         let cluster = Cluster {
             name: name.to_string(),

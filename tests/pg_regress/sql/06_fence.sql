@@ -75,3 +75,38 @@ BEGIN
 EXCEPTION WHEN SQLSTATE '55L01' THEN
     RAISE NOTICE 'caught SQLSTATE %', SQLSTATE;
 END $$;
+
+-- 4. Bound resources: a resource bound to the lock that guards it accepts only that
+--    lock's live grant. A member holding no lock on 'ledger-b' takes a throwaway lock,
+--    whose token is newer than the real holder's, and cannot poison the resource with it.
+SELECT lockext.bind_resource('acct:bound', 'ledger-b');
+SELECT fence_token AS holder FROM lockext.lock_acquire('ledger-b', 'real', '1 minute') \gset
+SELECT fence_token AS attacker FROM lockext.lock_acquire('throwaway', 'attacker', '1 minute') \gset
+SELECT :attacker > :holder AS attacker_token_is_newer;
+SELECT lockext.fenced_update('acct:bound', :attacker, '{"by": "attacker"}') AS attacker_stored;
+SELECT lockext.fence('acct:bound', :attacker);
+SELECT lockext.fenced_update('acct:bound', :holder, '{"by": "real"}') AS holder_stored;
+SELECT lock_id, fence_token = :holder AS holders_mark, data FROM lockext.resources WHERE resource_id = 'acct:bound';
+-- An unbound resource keeps the high-water mark alone: any real token at least the mark
+-- moves it, whichever lock it was granted for.
+SELECT lockext.fenced_update('acct:unbound', :attacker, '{"by": "attacker"}') AS unbound_accepts_any_real_token;
+-- A holder whose lease has run out is refused at once by a bound resource, even before a
+-- successor has written (the high-water mark alone would still accept it).
+SELECT lockext.bind_resource('acct:short', 'ledger-short');
+SELECT fence_token AS short FROM lockext.lock_acquire('ledger-short', 'paused', '20 milliseconds') \gset
+SELECT lockext.fenced_update('acct:short', :short, '{"step": 1}') AS write_while_live;
+SELECT pg_sleep(0.1);
+SELECT lockext.fenced_update('acct:short', :short, '{"step": 2}') AS late_write_stored;
+-- Readers of a bound resource need a live lease of its lock.
+SELECT fence_token AS reader FROM lockext.lock_acquire('ledger-short', 'reader', '1 minute', mode => 'shared') \gset
+SELECT lockext.fenced_read('acct:short', :reader) AS read_by_live_reader;
+SELECT lockext.fence_read('acct:short', :attacker);
+-- Unbinding, and who may bind: an operator only.
+SELECT lockext.bind_resource('acct:short', NULL);
+SELECT lock_id FROM lockext.resources WHERE resource_id = 'acct:short';
+CREATE ROLE regress_binder IN ROLE lockext_user;
+SET ROLE regress_binder;
+SELECT lockext.bind_resource('acct:other', 'mine');
+RESET ROLE;
+DROP ROLE regress_binder;
+SELECT lockext.bind_resource(NULL, 'x');
