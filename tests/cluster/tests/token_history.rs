@@ -568,6 +568,72 @@ fn an_upgraded_cluster_never_goes_below_its_wide_tokens() {
     checks.finish();
 }
 
+/// Finding E, before any grant. The upgrade itself must tell the cluster record that
+/// 0.2.0's layout was used here: with no grant after ALTER EXTENSION UPDATE, nothing else
+/// would. (1) The database dropped and created again under the same name, with a fresh
+/// CREATE EXTENSION; (2) in another cluster, DROP EXTENSION lockext CASCADE and CREATE
+/// EXTENSION right after the update. In both the first grant must be above 0.2.0's token.
+#[test]
+fn an_upgraded_database_dropped_before_any_grant_still_goes_on_above_its_wide_tokens() {
+    let mut checks = Checks::new("E upgraded, no grant");
+    let seen = vec![OLD_WIDE_TOKEN];
+
+    // (1) DROP DATABASE and CREATE DATABASE with the same name.
+    let old = Cluster::start("hist-e0-dropdb", "");
+    createdb(&old, "up");
+    let mut u = old.connect_to("up");
+    let version = emulate_upgrade(&mut u);
+    let leases = count(&mut u, "SELECT count(*) FROM lockext.locks");
+    checks.check(
+        leases == 1,
+        format!("(1) updated to {version} with no grant after it ({leases} lease: 0.2.0's)"),
+    );
+    drop(u);
+    let mut pg = old.connect();
+    pg.batch_execute("DROP DATABASE up WITH (FORCE)")
+        .expect("drop database up");
+    pg.batch_execute("CREATE DATABASE up")
+        .expect("create database up");
+    let mut u = old.connect_to("up");
+    u.batch_execute("CREATE EXTENSION lockext")
+        .expect("create extension in the new database up");
+    let recreated = grant_many(&mut u, "recreated", 3);
+    println!(
+        "E upgraded, no grant: 0.2.0's token {OLD_WIDE_TOKEN} (epoch {}); (1) after DROP/CREATE DATABASE up: {recreated:?} (eras {:?})",
+        OLD_WIDE_TOKEN >> WIDE_ERA_SHIFT,
+        eras(&recreated)
+    );
+    checks.above(
+        "(1) the recreated database, against 0.2.0's token",
+        &recreated,
+        &seen,
+    );
+
+    // (2) DROP EXTENSION CASCADE and CREATE EXTENSION, in another cluster.
+    let old2 = Cluster::start("hist-e0-reinstall", "");
+    createdb(&old2, "up");
+    let mut u2 = old2.connect_to("up");
+    let version2 = emulate_upgrade(&mut u2);
+    let leases2 = count(&mut u2, "SELECT count(*) FROM lockext.locks");
+    checks.check(
+        leases2 == 1,
+        format!("(2) updated to {version2} with no grant after it ({leases2} lease: 0.2.0's)"),
+    );
+    u2.batch_execute("DROP EXTENSION lockext CASCADE; CREATE EXTENSION lockext")
+        .expect("reinstall lockext right after the update");
+    let reinstalled = grant_many(&mut u2, "reinstalled", 3);
+    println!(
+        "E upgraded, no grant: (2) after DROP EXTENSION CASCADE/CREATE EXTENSION: {reinstalled:?} (eras {:?})",
+        eras(&reinstalled)
+    );
+    checks.above(
+        "(2) the reinstalled extension, against 0.2.0's token",
+        &reinstalled,
+        &seen,
+    );
+    checks.finish();
+}
+
 /// Finding F. One primary archives its WAL; two base backups of it are recovered from that
 /// archive (recovery.signal, restore_command), one after the other, both to the end of
 /// the archive: b1 comes up on timeline 2, and b2, told to stay on the backup's timeline
