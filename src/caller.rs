@@ -20,6 +20,12 @@ use std::cell::Cell;
 use pgrx::pg_sys;
 
 use crate::error::LockError;
+use crate::statements::{first_value, Statement};
+
+static SCHEMA_OWNER: Statement = Statement {
+    sql: "SELECT nspowner FROM pg_catalog.pg_namespace WHERE oid = $1",
+    params: &[pg_sys::BuiltinOid::OIDOID],
+};
 
 thread_local! {
     static CALLER: Cell<Option<pg_sys::Oid>> = const { Cell::new(None) };
@@ -72,10 +78,11 @@ fn owner() -> Result<pg_sys::Oid, LockError> {
             return Ok(owner);
         }
     }
-    let owner = pgrx::Spi::get_one_with_args::<pg_sys::Oid>(
-        "SELECT nspowner FROM pg_catalog.pg_namespace WHERE oid = $1",
-        &[schema.into()],
-    )?
+    // Through a prepared read (`Statement`), which assigns no transaction id: on a hot
+    // standby the function must still get as far as saying "connect to the primary".
+    let owner = pgrx::Spi::connect_mut(|client| {
+        first_value::<pg_sys::Oid>(SCHEMA_OWNER.run(client, &[schema.into()])?)
+    })?
     .ok_or(LockError::MissingColumn { name: "nspowner" })?;
     OWNER.with(|o| o.set(Some((schema, owner))));
     Ok(owner)

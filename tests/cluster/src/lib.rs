@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 pub use postgres::{Client, NoTls};
 
+pub mod checks;
 pub mod crash;
 pub mod gdb;
 pub mod history;
