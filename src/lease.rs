@@ -755,13 +755,22 @@ pub fn renew(
         fence_token.into(),
     ];
     let only_leases = commit::only_leases_so_far();
-    let renewed = Spi::connect_mut(|client| {
-        for statement in &RENEW {
-            if let Some(until) = first_value(statement.run(client, &args)?)? {
-                return Ok::<_, LockError>(Some(until));
+    let held = [
+        DatumWithOid::from(lock_id),
+        owner.into(),
+        caller::role().into(),
+        server_now()?.into(),
+        fence_token.into(),
+    ];
+    let renewed = while_briefly_locked(&held, || {
+        Spi::connect_mut(|client| {
+            for statement in &RENEW {
+                if let Some(until) = first_value(statement.run(client, &args)?)? {
+                    return Ok::<_, LockError>(Some(until));
+                }
             }
-        }
-        Ok(None)
+            Ok(None)
+        })
     })?;
     commit::relax_if_only_leases(only_leases);
     stats::count(if renewed.is_some() {
@@ -798,18 +807,20 @@ pub fn release_valid(
         fence_token.into(),
     ];
     let only_leases = commit::only_leases_so_far();
-    let deleted = Spi::connect_mut(|client| -> Result<Option<(bool, i64)>, LockError> {
-        for statement in &RELEASE {
-            let rows = statement.run(client, &args)?;
-            if !rows.is_empty() {
-                let row = rows.first();
-                return Ok(Some((
-                    row.get::<bool>(1)?.unwrap_or(false),
-                    row.get::<i64>(2)?.unwrap_or(0),
-                )));
+    let deleted = while_briefly_locked(&args, || {
+        Spi::connect_mut(|client| -> Result<Option<(bool, i64)>, LockError> {
+            for statement in &RELEASE {
+                let rows = statement.run(client, &args)?;
+                if !rows.is_empty() {
+                    let row = rows.first();
+                    return Ok(Some((
+                        row.get::<bool>(1)?.unwrap_or(false),
+                        row.get::<i64>(2)?.unwrap_or(0),
+                    )));
+                }
             }
-        }
-        Ok(None)
+            Ok(None)
+        })
     })?;
     commit::relax_if_only_leases(only_leases);
     if deleted.is_some() {
@@ -825,6 +836,49 @@ pub fn release_valid(
         notify("released", lock_id, token, None)?;
     }
     Ok(released)
+}
+
+// Is the caller's lease live (by the clock of the call, $4), in either table, under the
+// newest snapshot? Parameters as RELEASE's.
+static HELD_BY_CALLER: Statement = Statement {
+    sql: "SELECT EXISTS (SELECT FROM lockext.locks \
+                          WHERE lock_id = $1 AND owner = $2 AND expires_at > $4 \
+                            AND (holder_role = $3 OR pg_has_role($3, 'lockext_admin', 'MEMBER')) \
+                            AND ($5::bigint IS NULL OR fence_token = $5)) \
+              OR EXISTS (SELECT FROM lockext.shared_leases \
+                          WHERE lock_id = $1 AND owner = $2 AND expires_at > $4 \
+                            AND (holder_role = $3 OR pg_has_role($3, 'lockext_admin', 'MEMBER')) \
+                            AND ($5::bigint IS NULL OR fence_token = $5))",
+    params: RELEASE_PARAMS,
+};
+
+/// Runs a renew or release, and again while it found nothing although the caller's live
+/// lease is there: its row was locked for a moment by someone else, such as the reaper,
+/// which keeps the lock of a row it looked at as expired and found renewed (PostgreSQL
+/// keeps the lock of a row that fails the recheck of `FOR UPDATE`) until its short batch
+/// commits. A holder must not be told "not yours" for that. Bounded: after 100 ms the
+/// answer stands (a lease a long transaction keeps locked is not available to change).
+fn while_briefly_locked<T>(
+    held: &[DatumWithOid<'_>],
+    mut attempt: impl FnMut() -> Result<Option<T>, LockError>,
+) -> Result<Option<T>, LockError> {
+    for _ in 0..100 {
+        if let Some(done) = attempt()? {
+            return Ok(Some(done));
+        }
+        let still_held = Spi::connect_mut(|_| {
+            HELD_BY_CALLER
+                .read_latest(held)
+                .and_then(|row| row.get::<bool>(1))
+                == Some(true)
+        });
+        if !still_held {
+            return Ok(None);
+        }
+        unsafe { pg_sys::pg_usleep(1000) };
+        pg_sys::check_for_interrupts!();
+    }
+    attempt()
 }
 
 /// Sends a lockext event to LISTENers of channel `lockext` when the transaction commits,
