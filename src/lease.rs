@@ -746,20 +746,22 @@ pub fn renew(
     let ttl = error::ttl(ttl)?;
     let fence_token = error::optional_token("fence_token", fence_token)?;
     error::writable_server()?;
+    let now = server_now()?;
     let args = [
         DatumWithOid::from(lock_id),
         owner.into(),
         caller::role().into(),
         ttl.into(),
-        server_now()?.into(),
+        now.into(),
         fence_token.into(),
     ];
     let only_leases = commit::only_leases_so_far();
+    // The same call's clock: a lease is live or not for the whole call.
     let held = [
         DatumWithOid::from(lock_id),
         owner.into(),
         caller::role().into(),
-        server_now()?.into(),
+        now.into(),
         fence_token.into(),
     ];
     let renewed = while_briefly_locked(&held, || {

@@ -138,16 +138,20 @@ static END_LOCKED_SESSIONS: Statement = Statement {
         crate::session::end_sessions_in!(
             "x",
             "lockext.locks",
-            "(s.lock_id, s.owner) IN (SELECT * FROM unnest($2::text[], $3::text[])) \
-             AND NOT EXISTS (SELECT FROM pg_catalog.pg_stat_get_activity(NULL) AS a WHERE a.pid = s.taker_pid AND a.backend_start = s.session_start)",
+            concat!(
+                "(s.lock_id, s.owner) IN (SELECT * FROM unnest($2::text[], $3::text[])) AND ",
+                session_gone!()
+            ),
             ""
         ),
         ", ",
         crate::session::end_sessions_in!(
             "sh",
             "lockext.shared_leases",
-            "(s.lock_id, s.owner) IN (SELECT * FROM unnest($4::text[], $5::text[])) \
-             AND NOT EXISTS (SELECT FROM pg_catalog.pg_stat_get_activity(NULL) AS a WHERE a.pid = s.taker_pid AND a.backend_start = s.session_start)",
+            concat!(
+                "(s.lock_id, s.owner) IN (SELECT * FROM unnest($4::text[], $5::text[])) AND ",
+                session_gone!()
+            ),
             ""
         ),
         ", reaped AS (SELECT lock_id, fence_token FROM x UNION ALL SELECT lock_id, fence_token FROM sh)"

@@ -26,7 +26,7 @@ use crate::xact::in_transaction;
 /// A CTE `$name` deleting the session-bound leases of `$table` whose rows `s` match
 /// `$which`, `$limit` at most; it returns lock_id and fence_token of each.
 macro_rules! end_sessions_in {
-    ($name:literal, $table:literal, $which:literal, $limit:literal) => {
+    ($name:literal, $table:literal, $which:expr, $limit:literal) => {
         concat!(
             $name,
             " AS (DELETE FROM ",
