@@ -91,22 +91,30 @@ BEGIN
 END $$;
 
 -- A trigger that keeps a fence per row of a user table:
---   CREATE TRIGGER t_fence BEFORE INSERT OR UPDATE ON t
+--   CREATE TRIGGER t_fence BEFORE INSERT OR UPDATE OR DELETE ON t
 --       FOR EACH ROW EXECUTE FUNCTION lockext.fence_guard('fence_token' [, 'resource id']);
--- Rejects a row whose token column is lower than the token already stored in that row;
--- with a resource id, also fences that resource (lockext.fence) with the row's token.
+-- Every write must say which grant's holder writes, and a holder older than the row's
+-- token is refused. The writer's token is the token column's new value when the write
+-- sets one (an INSERT, an UPDATE that changes it); an UPDATE that leaves the column as it
+-- is, and a DELETE, carry none in the row (a trigger cannot tell "SET fence_token = 18" to
+-- the row's own value from a statement that never named the column), so they must
+-- declare it for the transaction: SET LOCAL lockext.fence_token = 18. Refused otherwise,
+-- not accepted as the row's own holder: that is how a stale holder would inherit the newer
+-- token. A declared token newer than the row's is written into the row.
+-- With a resource id, the writer's token also fences that resource (lockext.fence).
 -- Runs with the writer's rights (a trigger running as the extension's owner would run the
 -- table's own type output functions with those rights).
 CREATE FUNCTION lockext.fence_guard() RETURNS trigger
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     col       text;
-    new_row   jsonb;
-    new_token bigint;
+    row_now   jsonb;
+    declared  text := nullif(current_setting('lockext.fence_token', true), '');
+    writer    bigint;
     old_token bigint;
 BEGIN
-    IF TG_WHEN <> 'BEFORE' OR TG_LEVEL <> 'ROW' OR TG_OP NOT IN ('INSERT', 'UPDATE') THEN
-        RAISE EXCEPTION 'lockext.fence_guard must be a BEFORE INSERT OR UPDATE ... FOR EACH ROW trigger'
+    IF TG_WHEN <> 'BEFORE' OR TG_LEVEL <> 'ROW' THEN
+        RAISE EXCEPTION 'lockext.fence_guard must be a BEFORE INSERT OR UPDATE OR DELETE ... FOR EACH ROW trigger'
             USING ERRCODE = '39P01';
     END IF;
     IF TG_NARGS NOT IN (1, 2) THEN
@@ -114,32 +122,55 @@ BEGIN
             USING ERRCODE = '22023';
     END IF;
     col := TG_ARGV[0];
-    new_row := to_jsonb(NEW);
-    IF NOT new_row ? col THEN
+    row_now := to_jsonb(CASE WHEN TG_OP = 'DELETE' THEN OLD ELSE NEW END);
+    IF NOT row_now ? col THEN
         RAISE EXCEPTION 'table %.% has no column "%" for lockext.fence_guard', TG_TABLE_SCHEMA, TG_TABLE_NAME, col
             USING ERRCODE = '42703';
     END IF;
-    IF jsonb_typeof(new_row -> col) NOT IN ('number', 'null') THEN
+    IF jsonb_typeof(row_now -> col) NOT IN ('number', 'null') THEN
         RAISE EXCEPTION 'column "%" of %.% must hold fence tokens (bigint)', col, TG_TABLE_SCHEMA, TG_TABLE_NAME
             USING ERRCODE = '42804';
     END IF;
-    new_token := (new_row ->> col)::bigint;
-    IF new_token IS NULL THEN
-        RAISE EXCEPTION 'a row of %.% must carry a fence token in "%"', TG_TABLE_SCHEMA, TG_TABLE_NAME, col
-            USING ERRCODE = '22004';
+    IF declared IS NOT NULL AND declared !~ '^[0-9]{1,19}$' THEN
+        RAISE EXCEPTION 'lockext.fence_token must be a fence token, not "%"', declared
+            USING ERRCODE = '22023';
     END IF;
-    PERFORM lockext.check_token(new_token);
-    IF TG_OP = 'UPDATE' THEN
+    IF TG_OP <> 'INSERT' THEN
         old_token := (to_jsonb(OLD) ->> col)::bigint;
-        IF new_token < old_token THEN
-            RAISE EXCEPTION 'fence token % is stale for this row of %.%', new_token, TG_TABLE_SCHEMA, TG_TABLE_NAME
-                USING ERRCODE = '55L01',
-                      DETAIL = format('The row was written with fence token %s.', old_token),
-                      HINT = 'This client''s lease was lost: stop, and acquire the lock again.';
+    END IF;
+    IF TG_OP = 'INSERT' OR (TG_OP = 'UPDATE' AND (row_now ->> col)::bigint IS DISTINCT FROM old_token) THEN
+        writer := (row_now ->> col)::bigint;
+        IF writer IS NULL THEN
+            RAISE EXCEPTION 'a row of %.% must carry a fence token in "%"', TG_TABLE_SCHEMA, TG_TABLE_NAME, col
+                USING ERRCODE = '22004',
+                      HINT = 'Write the lock holder''s fence token into the column (the one lock_acquire returned).';
+        END IF;
+    ELSE
+        writer := declared::bigint;
+        IF writer IS NULL THEN
+            RAISE EXCEPTION '% on %.% that does not set "%" must declare the writer''s fence token',
+                            CASE TG_OP WHEN 'DELETE' THEN 'a DELETE' ELSE 'an UPDATE' END,
+                            TG_TABLE_SCHEMA, TG_TABLE_NAME, col
+                USING ERRCODE = '22004',
+                      DETAIL = 'The row carries no token of its writer: without one, a holder whose lease was lost could write over a newer holder''s row.',
+                      HINT = format('SET LOCAL lockext.fence_token = <token> in the same transaction first, or set "%s" in the UPDATE.', col);
         END IF;
     END IF;
+    PERFORM lockext.check_token(writer);
+    IF writer < old_token THEN
+        RAISE EXCEPTION 'fence token % is stale for this row of %.%', writer, TG_TABLE_SCHEMA, TG_TABLE_NAME
+            USING ERRCODE = '55L01',
+                  DETAIL = format('The row was written with fence token %s.', old_token),
+                  HINT = 'This client''s lease was lost: stop, and acquire the lock again.';
+    END IF;
     IF TG_NARGS = 2 THEN
-        PERFORM lockext.fence(TG_ARGV[1], new_token);
+        PERFORM lockext.fence(TG_ARGV[1], writer);
+    END IF;
+    IF TG_OP = 'DELETE' THEN
+        RETURN OLD;
+    END IF;
+    IF writer IS DISTINCT FROM (row_now ->> col)::bigint THEN
+        NEW := jsonb_populate_record(NEW, jsonb_build_object(col, writer));
     END IF;
     RETURN NEW;
 END $$;

@@ -74,6 +74,19 @@ ALTER FUNCTION lockext.lock_release_all(text[], text) SECURITY INVOKER;
 -- Resources bound to the lock that guards them (lockext.bind_resource): they accept only
 -- that lock's live grant. Unbound resources keep the high-water mark alone.
 ALTER TABLE lockext.resources ADD COLUMN lock_id text;
+-- A bound resource's write checks its grant once it holds the resource's row, under the
+-- newest snapshot; lock_check reads under the newest snapshot too, which cannot be taken
+-- during a parallel operation.
+CREATE FUNCTION lockext."exclusive_grant_live"(
+	"lock_id" TEXT, /* &str */
+	"fence_token" bigint /* i64 */
+) RETURNS bool /* bool */
+STRICT VOLATILE PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'exclusive_grant_live_wrapper';
+REVOKE ALL ON FUNCTION lockext.exclusive_grant_live(text, bigint) FROM PUBLIC;
+ALTER FUNCTION lockext.lock_check(text, bigint) PARALLEL UNSAFE;
 CREATE OR REPLACE FUNCTION lockext.fence(resource_id text, fence_token bigint) RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -160,3 +173,76 @@ BEGIN
     END IF;
 END
 $$;
+
+-- fence_guard also fences DELETE and UPDATEs that leave the token column as it is: they
+-- declare the writer's token (SET LOCAL lockext.fence_token), or are refused.
+CREATE OR REPLACE FUNCTION lockext.fence_guard() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    col       text;
+    row_now   jsonb;
+    declared  text := nullif(current_setting('lockext.fence_token', true), '');
+    writer    bigint;
+    old_token bigint;
+BEGIN
+    IF TG_WHEN <> 'BEFORE' OR TG_LEVEL <> 'ROW' THEN
+        RAISE EXCEPTION 'lockext.fence_guard must be a BEFORE INSERT OR UPDATE OR DELETE ... FOR EACH ROW trigger'
+            USING ERRCODE = '39P01';
+    END IF;
+    IF TG_NARGS NOT IN (1, 2) THEN
+        RAISE EXCEPTION 'lockext.fence_guard takes the name of the token column, and optionally a resource id'
+            USING ERRCODE = '22023';
+    END IF;
+    col := TG_ARGV[0];
+    row_now := to_jsonb(CASE WHEN TG_OP = 'DELETE' THEN OLD ELSE NEW END);
+    IF NOT row_now ? col THEN
+        RAISE EXCEPTION 'table %.% has no column "%" for lockext.fence_guard', TG_TABLE_SCHEMA, TG_TABLE_NAME, col
+            USING ERRCODE = '42703';
+    END IF;
+    IF jsonb_typeof(row_now -> col) NOT IN ('number', 'null') THEN
+        RAISE EXCEPTION 'column "%" of %.% must hold fence tokens (bigint)', col, TG_TABLE_SCHEMA, TG_TABLE_NAME
+            USING ERRCODE = '42804';
+    END IF;
+    IF declared IS NOT NULL AND declared !~ '^[0-9]{1,19}$' THEN
+        RAISE EXCEPTION 'lockext.fence_token must be a fence token, not "%"', declared
+            USING ERRCODE = '22023';
+    END IF;
+    IF TG_OP <> 'INSERT' THEN
+        old_token := (to_jsonb(OLD) ->> col)::bigint;
+    END IF;
+    IF TG_OP = 'INSERT' OR (TG_OP = 'UPDATE' AND (row_now ->> col)::bigint IS DISTINCT FROM old_token) THEN
+        writer := (row_now ->> col)::bigint;
+        IF writer IS NULL THEN
+            RAISE EXCEPTION 'a row of %.% must carry a fence token in "%"', TG_TABLE_SCHEMA, TG_TABLE_NAME, col
+                USING ERRCODE = '22004',
+                      HINT = 'Write the lock holder''s fence token into the column (the one lock_acquire returned).';
+        END IF;
+    ELSE
+        writer := declared::bigint;
+        IF writer IS NULL THEN
+            RAISE EXCEPTION '% on %.% that does not set "%" must declare the writer''s fence token',
+                            CASE TG_OP WHEN 'DELETE' THEN 'a DELETE' ELSE 'an UPDATE' END,
+                            TG_TABLE_SCHEMA, TG_TABLE_NAME, col
+                USING ERRCODE = '22004',
+                      DETAIL = 'The row carries no token of its writer: without one, a holder whose lease was lost could write over a newer holder''s row.',
+                      HINT = format('SET LOCAL lockext.fence_token = <token> in the same transaction first, or set "%s" in the UPDATE.', col);
+        END IF;
+    END IF;
+    PERFORM lockext.check_token(writer);
+    IF writer < old_token THEN
+        RAISE EXCEPTION 'fence token % is stale for this row of %.%', writer, TG_TABLE_SCHEMA, TG_TABLE_NAME
+            USING ERRCODE = '55L01',
+                  DETAIL = format('The row was written with fence token %s.', old_token),
+                  HINT = 'This client''s lease was lost: stop, and acquire the lock again.';
+    END IF;
+    IF TG_NARGS = 2 THEN
+        PERFORM lockext.fence(TG_ARGV[1], writer);
+    END IF;
+    IF TG_OP = 'DELETE' THEN
+        RETURN OLD;
+    END IF;
+    IF writer IS DISTINCT FROM (row_now ->> col)::bigint THEN
+        NEW := jsonb_populate_record(NEW, jsonb_build_object(col, writer));
+    END IF;
+    RETURN NEW;
+END $$;

@@ -41,6 +41,9 @@ BEGIN
     END LOOP;
 END $$;
 
+-- lockext's own check, run by fenced writes as the extension's owner.
+REVOKE ALL ON FUNCTION lockext.exclusive_grant_live(text, bigint) FROM PUBLIC;
+
 -- Binding a resource to its lock is an operator's decision.
 REVOKE ALL ON FUNCTION lockext.bind_resource(text, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION lockext.bind_resource(text, text) TO lockext_admin;

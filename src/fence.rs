@@ -26,6 +26,10 @@ use crate::token;
 // bound to a lock also demands that the token be that lock's live exclusive grant, by the
 // server's clock: no other lock's token, however new, can move its mark, and a holder
 // whose lease has run out is refused at once, not only once its successor has written.
+// That check runs once the row is locked, under the newest snapshot
+// (`exclusive_grant_live`): the statement's own snapshot would still show a grant
+// released while the writer waited for the row, or since a REPEATABLE READ transaction
+// began. (CASE, not OR: an unbound resource must not pay for it.)
 static ADVANCE: Statement = Statement {
     sql: "INSERT INTO lockext.resources AS r (resource_id, fence_token, data, updated_at) \
           VALUES ($1, $2, $3, clock_timestamp()) \
@@ -34,10 +38,8 @@ static ADVANCE: Statement = Statement {
                  data = CASE WHEN $4 THEN EXCLUDED.data ELSE r.data END, \
                  updated_at = EXCLUDED.updated_at \
            WHERE r.fence_token <= EXCLUDED.fence_token \
-             AND (r.lock_id IS NULL \
-                  OR EXISTS (SELECT FROM lockext.locks AS l \
-                              WHERE l.lock_id = r.lock_id AND l.fence_token = EXCLUDED.fence_token \
-                                AND l.expires_at > clock_timestamp())) \
+             AND CASE WHEN r.lock_id IS NULL THEN true \
+                      ELSE lockext.exclusive_grant_live(r.lock_id, EXCLUDED.fence_token) END \
           RETURNING true",
     params: &[TEXTOID, INT8OID, JSONBOID, BOOLOID],
 };
@@ -46,6 +48,14 @@ static ADVANCE: Statement = Statement {
 // higher, the token itself (it is not the lock's live grant: lockext.fence says so).
 static HIGH_WATER_MARK: Statement = Statement {
     sql: "SELECT greatest(fence_token, $2) FROM lockext.resources WHERE resource_id = $1",
+    params: &[TEXTOID, INT8OID],
+};
+
+// Read under the newest snapshot (`Statement::read_latest`): whether a grant is live now,
+// whatever the caller's snapshot says.
+static EXCLUSIVE_GRANT_LIVE: Statement = Statement {
+    sql: "SELECT EXISTS (SELECT FROM lockext.locks \
+                          WHERE lock_id = $1 AND fence_token = $2 AND expires_at > clock_timestamp())",
     params: &[TEXTOID, INT8OID],
 };
 
@@ -85,9 +95,20 @@ fn check_token(fence_token: Option<i64>) {
     checked_token(fence_token).or_report();
 }
 
+/// True while the grant with `fence_token` of `lock_id` is its live exclusive lease, by the
+/// server's clock and the newest snapshot; a bound resource's writes check it (ADVANCE)
+/// once they hold the resource's row. Not granted to anyone: lockext's own.
+#[pg_extern(volatile, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
+fn exclusive_grant_live(lock_id: &str, fence_token: i64) -> bool {
+    read_now(&EXCLUSIVE_GRANT_LIVE, lock_id, fence_token)
+}
+
 /// True while the grant with `fence_token` still holds a live lease on `lock_id`, by the
-/// server's clock (Chubby's CheckSequencer).
-#[pg_extern(volatile, parallel_safe)]
+/// server's clock and the newest snapshot, whatever the caller's transaction has seen
+/// (Chubby's CheckSequencer).
+// Parallel unsafe: the newest snapshot cannot be taken during a parallel operation.
+#[pg_extern(volatile, parallel_unsafe)]
 #[search_path(pg_catalog, pg_temp)]
 fn lock_check(lock_id: Option<&str>, fence_token: Option<i64>) -> bool {
     lease_is_live(lock_id, fence_token).or_report()
@@ -153,8 +174,12 @@ fn advance(
 fn lease_is_live(lock_id: Option<&str>, fence_token: Option<i64>) -> Result<bool, LockError> {
     let lock_id = error::identifier("lock_id", lock_id)?;
     let fence_token = error::token("fence_token", fence_token)?;
-    Spi::connect_mut(|client| {
-        let args = [DatumWithOid::from(lock_id), fence_token.into()];
-        Ok(first_value::<bool>(LEASE_IS_LIVE.run(client, &args)?)?.unwrap_or(false))
-    })
+    Ok(read_now(&LEASE_IS_LIVE, lock_id, fence_token))
+}
+
+/// A yes-or-no question about a grant, under the newest snapshot.
+fn read_now(question: &'static Statement, lock_id: &str, fence_token: i64) -> bool {
+    let args = [DatumWithOid::from(lock_id), fence_token.into()];
+    Spi::connect_mut(|_| question.read_latest(&args).and_then(|row| row.get::<bool>(1)))
+        == Some(true)
 }

@@ -31,6 +31,7 @@ use crate::statements::{first_value, Statement};
 use crate::stats::{self, Counter};
 use crate::token;
 use crate::wait;
+use crate::xact;
 
 // Parameters shared by the acquire statements: $1 lock_id, $2 owner, $3 calling role,
 // $4 ttl, $5 now, $6 the new grant's token (`token::mint`, once the grant is decided),
@@ -76,11 +77,11 @@ macro_rules! grant_sets {
 }
 pub(crate) use grant_sets;
 
-/// What an acquire statement returns: the grant, whether it minted a token, the token it
-/// replaced (a take-over) and the new one.
+/// What an acquire statement returns, as plain columns (`Granted`): the grant's, then
+/// whether it minted a token and the token it replaced (a take-over).
 macro_rules! grant_returning {
     () => {
-        " RETURNING ROW(l.lock_id, l.owner, l.fence_token, l.acquired_at, l.expires_at)::lockext.lock_grant, "
+        " RETURNING l.lock_id, l.owner, l.fence_token, l.acquired_at, l.expires_at, "
     };
 }
 pub(crate) use grant_returning;
@@ -171,13 +172,18 @@ pub static CLEAR_DEAD_SLOT: Statement = Statement {
     params: ACQUIRE_PARAMS,
 };
 
-/// Runs a `CLEAR_DEAD_*` statement: whether every dead lease it looked for is gone.
+/// Runs a `CLEAR_DEAD_*` statement: whether every dead lease it looked for is gone. When
+/// not, nothing it did is kept (`xact::kept_if_found`): it may hold a renewed lease locked.
 pub fn clear_dead(
     client: &mut SpiClient<'_>,
     statement: &'static Statement,
     args: &Args<'_>,
 ) -> Result<bool, LockError> {
-    Ok(first_value::<bool>(statement.run(client, &args[..])?)? == Some(true))
+    let cleared = xact::kept_if_found(|| {
+        let all_gone = first_value::<bool>(statement.run(client, &args[..])?)? == Some(true);
+        Ok(all_gone.then_some(()))
+    })?;
+    Ok(cleared.is_some())
 }
 
 // Takes over an expired lease, or extends the caller's own live one (same grant, same
@@ -194,7 +200,7 @@ static TAKE_OVER: Statement = Statement {
                     FOR UPDATE SKIP LOCKED) AS c \
           WHERE l.lock_id = c.lock_id",
         grant_returning!(),
-        "NOT c.same_grant, c.old_token, l.fence_token"
+        "NOT c.same_grant, c.old_token"
     ),
     params: ACQUIRE_PARAMS,
 };
@@ -208,7 +214,7 @@ static INSERT_NEW: Statement = Statement {
            inet_client_addr()) \
          ON CONFLICT (lock_id) DO NOTHING",
         grant_returning!(),
-        "true, NULL::bigint, l.fence_token"
+        "true, NULL::bigint"
     ),
     params: ACQUIRE_PARAMS,
 };
@@ -414,7 +420,7 @@ fn lock_acquire(
             permits,
             session_bound,
         )?;
-        acquire(&request)
+        acquire(&request)?.map(|g| g.to_grant()).transpose()
     })
     .or_report()
 }
@@ -442,7 +448,7 @@ fn lock_release(
     caller::as_owner(|| release(lock_id, owner, fence_token)).or_report()
 }
 
-pub fn acquire(request: &Request<'_>) -> Result<Option<Grant>, LockError> {
+pub fn acquire(request: &Request<'_>) -> Result<Option<Granted>, LockError> {
     let _timer = stats::AcquireTimer::start();
     let permits = match request.kind {
         Kind::Semaphore(n) => Some(n),
@@ -465,14 +471,7 @@ pub fn acquire(request: &Request<'_>) -> Result<Option<Grant>, LockError> {
     } else {
         wait_for(request, &mut args, Instant::now() + request.wait)?
     };
-    let Some(Granted {
-        grant,
-        minted: _,
-        took_over,
-        previous_token,
-        token,
-    }) = granted
-    else {
+    let Some(granted) = granted else {
         stats::count(Counter::AcquiresRefused);
         return Ok(None);
     };
@@ -481,11 +480,16 @@ pub fn acquire(request: &Request<'_>) -> Result<Option<Grant>, LockError> {
         // Shared leases and permits are many: the next in line may be free to take one too.
         wait::wake_head_at_commit(request.lock_id);
     }
-    if took_over {
+    if granted.took_over {
         stats::count(Counter::TakeOvers);
-        notify("taken_over", request.lock_id, token, previous_token)?;
+        notify(
+            "taken_over",
+            request.lock_id,
+            granted.token,
+            granted.previous_token,
+        )?;
     }
-    Ok(Some(grant))
+    Ok(Some(granted))
 }
 
 pub type Args<'a> = [DatumWithOid<'a>; 10];
@@ -602,7 +606,7 @@ macro_rules! extend_sql {
                        FOR UPDATE SKIP LOCKED) AS c \
               WHERE l.lock_id = c.lock_id AND l.owner = c.owner",
             grant_returning!(),
-            "false, c.old_token, l.fence_token"
+            "false, c.old_token"
         )
     };
 }
@@ -624,7 +628,21 @@ fn extend_own(
     args: &Args<'_>,
 ) -> Result<Option<Granted>, LockError> {
     let table = usize::from(request.kind != Kind::Exclusive);
-    grant_row(EXTEND[table].run(client, &args[..])?)
+    grant_by(client, &EXTEND[table], args)
+}
+
+/// Runs an acquire statement that changes a lease row it locks `FOR UPDATE SKIP LOCKED`
+/// (an extension or a take-over), kept only if it granted. PostgreSQL keeps the lock of a
+/// row that fails the recheck of `FOR UPDATE` (changed since the statement's snapshot, by
+/// a holder's renewal for instance): a refused acquire inside a transaction that stays
+/// open would otherwise keep a live holder's row locked, and the holder's renewals would
+/// be refused until that transaction ended.
+fn grant_by(
+    client: &mut SpiClient<'_>,
+    statement: &'static Statement,
+    args: &[DatumWithOid<'_>],
+) -> Result<Option<Granted>, LockError> {
+    xact::kept_if_found(|| grant_row(statement.run(client, args)?))
 }
 
 fn attempt_exclusive(
@@ -692,11 +710,12 @@ pub fn take(
     args[5] = token::mint(client)?.into();
     let args = &args[..];
     if row_exists {
-        return grant_row(take_over.run(client, args)?);
+        return grant_by(client, take_over, args);
     }
+    // ON CONFLICT DO NOTHING locks nothing: no subtransaction is needed for the insert.
     match grant_row(insert.run(client, args)?)? {
         Some(grant) => Ok(Some(grant)),
-        None => grant_row(take_over.run(client, args)?),
+        None => grant_by(client, take_over, args),
     }
 }
 
@@ -704,34 +723,69 @@ pub fn millis(ms: i64) -> Duration {
     Duration::from_millis(ms.max(0) as u64)
 }
 
+/// A grant, in plain values: a composite value made inside a subtransaction would hold a
+/// tuple descriptor owned by it, gone once it ends (`to_grant` makes lockext.lock_grant).
 pub struct Granted {
-    pub grant: Grant,
+    pub lock_id: String,
+    pub owner: String,
+    pub token: i64,
+    pub acquired_at: TimestampWithTimeZone,
+    pub expires_at: TimestampWithTimeZone,
     pub minted: bool,
     pub took_over: bool, // an expired lease of someone else's taken over in place
     pub previous_token: Option<i64>,
-    pub token: i64,
 }
 
-/// The grant from an acquire statement's RETURNING, if any.
+impl Granted {
+    /// lock_acquire's result, a `lockext.lock_grant`.
+    pub fn to_grant(&self) -> Result<Grant, LockError> {
+        let column = |name| LockError::MissingColumn { name };
+        let mut grant = PgHeapTuple::new_composite_type("lockext.lock_grant")
+            .map_err(|_| column("lock_grant"))?;
+        grant
+            .set_by_name("lock_id", self.lock_id.clone())
+            .map_err(|_| column("lock_id"))?;
+        grant
+            .set_by_name("owner", self.owner.clone())
+            .map_err(|_| column("owner"))?;
+        grant
+            .set_by_name("fence_token", self.token)
+            .map_err(|_| column("fence_token"))?;
+        grant
+            .set_by_name("acquired_at", self.acquired_at)
+            .map_err(|_| column("acquired_at"))?;
+        grant
+            .set_by_name("expires_at", self.expires_at)
+            .map_err(|_| column("expires_at"))?;
+        Ok(grant)
+    }
+}
+
+/// The grant from an acquire statement's RETURNING (`grant_returning!`), if any.
 fn grant_row(rows: pgrx::spi::SpiTupleTable<'_>) -> Result<Option<Granted>, LockError> {
     if rows.is_empty() {
         return Ok(None);
     }
     let row = rows.first();
-    let (Some(grant), Some(minted), Some(token)) = (
-        row.get::<Grant>(1)?,
-        row.get::<bool>(2)?,
-        row.get::<i64>(4)?,
+    let (Some(lock_id), Some(owner), Some(token), Some(acquired_at), Some(expires_at), Some(minted)) = (
+        row.get::<String>(1)?,
+        row.get::<String>(2)?,
+        row.get::<i64>(3)?,
+        row.get::<TimestampWithTimeZone>(4)?,
+        row.get::<TimestampWithTimeZone>(5)?,
+        row.get::<bool>(6)?,
     ) else {
         return Ok(None);
     };
-    let previous_token = row.get::<i64>(3)?;
     Ok(Some(Granted {
-        grant,
+        lock_id,
+        owner,
+        token,
+        acquired_at,
+        expires_at,
         minted,
         took_over: false,
-        previous_token,
-        token,
+        previous_token: row.get::<i64>(7)?,
     }))
 }
 
@@ -767,8 +821,9 @@ pub fn renew(
     let renewed = while_briefly_locked(&held, || {
         Spi::connect_mut(|client| {
             for statement in &RENEW {
-                if let Some(until) = first_value(statement.run(client, &args)?)? {
-                    return Ok::<_, LockError>(Some(until));
+                let renewed = xact::kept_if_found(|| Ok(first_value(statement.run(client, &args)?)?))?;
+                if renewed.is_some() {
+                    return Ok::<_, LockError>(renewed);
                 }
             }
             Ok(None)
@@ -812,13 +867,19 @@ pub fn release_valid(
     let deleted = while_briefly_locked(&args, || {
         Spi::connect_mut(|client| -> Result<Option<(bool, i64)>, LockError> {
             for statement in &RELEASE {
-                let rows = statement.run(client, &args)?;
-                if !rows.is_empty() {
+                let deleted = xact::kept_if_found(|| {
+                    let rows = statement.run(client, &args)?;
+                    if rows.is_empty() {
+                        return Ok(None);
+                    }
                     let row = rows.first();
-                    return Ok(Some((
+                    Ok(Some((
                         row.get::<bool>(1)?.unwrap_or(false),
                         row.get::<i64>(2)?.unwrap_or(0),
-                    )));
+                    )))
+                })?;
+                if deleted.is_some() {
+                    return Ok(deleted);
                 }
             }
             Ok(None)

@@ -12,7 +12,7 @@ use pgrx::prelude::*;
 
 use crate::caller;
 use crate::error::{self, LockError, OrReport};
-use crate::lease::{self, Grant, Request};
+use crate::lease::{self, Request};
 use crate::xact;
 
 /// Takes every lock in `lock_ids` for `owner`, or none: one grant per distinct lock id, in
@@ -42,8 +42,7 @@ fn lock_acquire_all(
     )
 }
 
-/// A grant as plain values: lockext.lock_grant's columns. A composite value made inside the
-/// subtransaction would hold a tuple descriptor owned by it, gone once it ends.
+/// A grant as lockext.lock_grant's columns.
 type GrantRow = (
     String,
     String,
@@ -51,37 +50,6 @@ type GrantRow = (
     TimestampWithTimeZone,
     TimestampWithTimeZone,
 );
-
-fn grant_row(grant: &Grant) -> Result<Option<GrantRow>, LockError> {
-    let column = |name| LockError::MissingColumn { name };
-    Ok(Some((
-        grant
-            .get_by_name("lock_id")
-            .ok()
-            .flatten()
-            .ok_or(column("lock_id"))?,
-        grant
-            .get_by_name("owner")
-            .ok()
-            .flatten()
-            .ok_or(column("owner"))?,
-        grant
-            .get_by_name("fence_token")
-            .ok()
-            .flatten()
-            .ok_or(column("fence_token"))?,
-        grant
-            .get_by_name("acquired_at")
-            .ok()
-            .flatten()
-            .ok_or(column("acquired_at"))?,
-        grant
-            .get_by_name("expires_at")
-            .ok()
-            .flatten()
-            .ok_or(column("expires_at"))?,
-    )))
-}
 
 /// Releases the caller's leases on `lock_ids`; returns how many of them it still held.
 #[pg_extern(volatile, parallel_unsafe)]
@@ -110,7 +78,7 @@ fn acquire_all(
                 ..base
             };
             match lease::acquire(&request)? {
-                Some(grant) => grants.extend(grant_row(&grant)?),
+                Some(g) => grants.push((g.lock_id, g.owner, g.token, g.acquired_at, g.expires_at)),
                 None => return Ok(None),
             }
         }

@@ -87,7 +87,7 @@ static TAKE_OVER: Statement = Statement {
                     FOR UPDATE SKIP LOCKED) AS c \
           WHERE l.lock_id = c.lock_id AND l.owner = c.owner",
         grant_returning!(),
-        "NOT c.same_grant, c.old_token, l.fence_token"
+        "NOT c.same_grant, c.old_token"
     ),
     params: ACQUIRE_PARAMS,
 };
@@ -102,7 +102,7 @@ static INSERT_NEW: Statement = Statement {
            inet_client_addr()) \
          ON CONFLICT (lock_id, owner) DO NOTHING",
         grant_returning!(),
-        "true, NULL::bigint, l.fence_token"
+        "true, NULL::bigint"
     ),
     params: ACQUIRE_PARAMS,
 };

@@ -86,3 +86,13 @@ pub fn all_or_nothing<T>(
     })
     .execute()
 }
+
+/// `all_or_nothing` for one statement that locks rows `FOR UPDATE SKIP LOCKED` and may
+/// change none of them: PostgreSQL keeps the lock of a row that fails the recheck of
+/// `FOR UPDATE` (it was changed since the statement's snapshot), to the end of the
+/// transaction. Rolled back, the statement keeps no lock on a row it did not change.
+pub fn kept_if_found<T>(
+    statement: impl FnOnce() -> Result<Option<T>, LockError>,
+) -> Result<Option<T>, LockError> {
+    all_or_nothing(statement)
+}

@@ -29,23 +29,66 @@ SELECT lockext.fence('acct:42', :b + 1000000);
 
 -- 2. A trigger that keeps a fence per row: a stale UPDATE from any client is rejected.
 CREATE TABLE jobs (id int PRIMARY KEY, state text, fence_token bigint);
-CREATE TRIGGER jobs_fence BEFORE INSERT OR UPDATE ON jobs
+CREATE TRIGGER jobs_fence BEFORE INSERT OR UPDATE OR DELETE ON jobs
     FOR EACH ROW EXECUTE FUNCTION lockext.fence_guard('fence_token');
 INSERT INTO jobs VALUES (1, 'queued', :a);
 UPDATE jobs SET state = 'running', fence_token = :b WHERE id = 1;       -- higher: accepted
-UPDATE jobs SET state = 'running again', fence_token = :b WHERE id = 1; -- equal: accepted
 UPDATE jobs SET state = 'stale', fence_token = :a WHERE id = 1;         -- lower: rejected
 SELECT id, state, fence_token = :b AS holds_b FROM jobs;
+-- A write that leaves the token as it is carries no writer's token in the row: whether it
+-- names the column or not (a trigger cannot tell), it must declare one, or it is refused
+-- (22004). A stale holder that declares its own token is refused (55L01), and so is one
+-- that declares nothing; the row's holder that declares its token writes.
+UPDATE jobs SET state = 'stale, without a token' WHERE id = 1;
+UPDATE jobs SET state = 'again', fence_token = :b WHERE id = 1;
+BEGIN;
+SET LOCAL lockext.fence_token = :a;
+UPDATE jobs SET state = 'stale, declared' WHERE id = 1;
+ROLLBACK;
+BEGIN;
+SET LOCAL lockext.fence_token = :b;
+UPDATE jobs SET state = 'running again' WHERE id = 1;
+COMMIT;
+SELECT id, state, fence_token = :b AS holds_b FROM jobs;
+-- DELETE and a re-INSERT under an old token: the DELETE needs a declared token too.
+DELETE FROM jobs WHERE id = 1;
+BEGIN;
+SET LOCAL lockext.fence_token = :a;
+DELETE FROM jobs WHERE id = 1;
+ROLLBACK;
+BEGIN;
+SET LOCAL lockext.fence_token = 'abc';
+DELETE FROM jobs WHERE id = 1;
+ROLLBACK;
+SELECT count(*) AS jobs_left FROM jobs;
+-- A declared token newer than the row's is written into the row.
+INSERT INTO jobs VALUES (3, 'queued', :a);
+BEGIN;
+SET LOCAL lockext.fence_token = :b;
+UPDATE jobs SET state = 'taken' WHERE id = 3;
+COMMIT;
+SELECT id, state, fence_token = :b AS holds_b FROM jobs WHERE id = 3;
 -- A row must carry a token, and a real one.
 UPDATE jobs SET fence_token = NULL WHERE id = 1;
 INSERT INTO jobs VALUES (2, 'forged', :b + 1000000);
 -- With a resource id, the row's token also fences that resource.
 CREATE TABLE ledger (id int PRIMARY KEY, amount int, fence_token bigint);
-CREATE TRIGGER ledger_fence BEFORE INSERT OR UPDATE ON ledger
+CREATE TRIGGER ledger_fence BEFORE INSERT OR UPDATE OR DELETE ON ledger
     FOR EACH ROW EXECUTE FUNCTION lockext.fence_guard('fence_token', 'ledger');
 INSERT INTO ledger VALUES (1, 10, :b);
 INSERT INTO ledger VALUES (2, 20, :a);  -- a new row, but the resource has seen :b
 SELECT id, amount FROM ledger;
+-- A declared token also fences the resource, and one newer than the row's is written in.
+BEGIN;
+SET LOCAL lockext.fence_token = :a;
+DELETE FROM ledger WHERE id = 1;        -- the row has :b, and so has the resource
+ROLLBACK;
+BEGIN;
+SET LOCAL lockext.fence_token = :b;
+UPDATE ledger SET amount = 11 WHERE id = 1;
+DELETE FROM ledger WHERE id = 1;
+COMMIT;
+SELECT count(*) AS ledger_rows FROM ledger;
 -- Misuse is reported clearly.
 CREATE TABLE untokened (id int);
 CREATE TRIGGER untokened_fence BEFORE INSERT ON untokened
@@ -55,10 +98,10 @@ CREATE TABLE wrongtype (id int, fence_token text);
 CREATE TRIGGER wrongtype_fence BEFORE INSERT ON wrongtype
     FOR EACH ROW EXECUTE FUNCTION lockext.fence_guard('fence_token');
 INSERT INTO wrongtype VALUES (1, 'abc');
-CREATE TRIGGER jobs_after AFTER UPDATE ON jobs
+CREATE TABLE after_t (id int, fence_token bigint);
+CREATE TRIGGER after_t_fence AFTER INSERT ON after_t
     FOR EACH ROW EXECUTE FUNCTION lockext.fence_guard('fence_token');
-UPDATE jobs SET state = 'x', fence_token = :b WHERE id = 1;
-DROP TRIGGER jobs_after ON jobs;
+INSERT INTO after_t VALUES (1, :b);
 
 -- 3. lockext.lock_check(lock_id, fence_token): is that exact grant still live? With fence,
 --    a transaction can demand both the newest token and a live lease.
