@@ -170,12 +170,29 @@ pub fn register_launcher() {
         .load();
 }
 
+/// A worker runs as the bootstrap superuser, with the database's own search_path (and any
+/// `ALTER DATABASE ... SET search_path`) unless told otherwise: a member who can create
+/// objects in a schema on it (`public`, in many databases) could plant an `array_agg(text)`
+/// or an operator that our statements would call as superuser. lockext's SQL functions pin
+/// the path with their SET clause; a worker pins it here, above every other source.
+fn pin_search_path() {
+    unsafe {
+        pg_sys::SetConfigOption(
+            c"search_path".as_ptr(),
+            c"pg_catalog, pg_temp".as_ptr(),
+            pg_sys::GucContext::PGC_SUSET,
+            pg_sys::GucSource::PGC_S_OVERRIDE,
+        )
+    };
+}
+
 #[pg_guard]
 #[unsafe(no_mangle)]
 pub extern "C-unwind" fn lockext_launcher_main(_arg: pg_sys::Datum) {
     BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
     // No database: the launcher reads only pg_database, a shared catalog.
     BackgroundWorker::connect_worker_to_spi(None, None);
+    pin_search_path();
     let mut launcher = Launcher::default();
     loop {
         launcher.reconcile();
@@ -298,6 +315,7 @@ pub extern "C-unwind" fn lockext_reaper_main(_arg: pg_sys::Datum) {
     let db = BackgroundWorker::get_extra().to_string();
     BackgroundWorker::connect_worker_to_spi(Some(&db), None);
     unsafe { pg_sys::pgstat_report_appname(c"lockext reaper".as_ptr()) };
+    pin_search_path();
     // Reaping is cleanup: a batch lost in a crash is deleted again in the next round.
     unsafe {
         pg_sys::SetConfigOption(

@@ -321,3 +321,74 @@ fn missing_database_and_missing_extension_are_logged_once_and_retried() {
         .get(0);
     assert_eq!(error, None);
 }
+
+/// The reaper runs as a superuser in the database it serves. A member who may create
+/// objects in a schema on that database's search_path (here `public`, as in databases
+/// made before PostgreSQL 15) plants an `array_agg(text)` and an `unnest(text[])`, which
+/// beat pg_catalog's polymorphic ones for the reaper's unqualified calls, and records who
+/// runs them. The reaper must never run them: it pins its search_path (issue 16's attack
+/// pass; on the build before, the planted aggregate ran as `postgres` every round).
+#[test]
+fn the_reaper_runs_no_function_a_member_planted_on_its_search_path() {
+    let cluster = Cluster::start("reap-path", INTERVAL);
+    let mut c = cluster.connect();
+    c.batch_execute(
+        "CREATE ROLE planter LOGIN IN ROLE lockext_user;
+         GRANT CREATE ON SCHEMA public TO planter;
+         CREATE TABLE public.ran (who name, what text);
+         GRANT INSERT ON public.ran TO PUBLIC;
+         SET ROLE planter;
+         CREATE FUNCTION public.planted_step(text[], text) RETURNS text[] LANGUAGE sql
+             AS 'SELECT $1 || $2';
+         CREATE FUNCTION public.planted_final(text[]) RETURNS text[] LANGUAGE plpgsql AS $$
+         BEGIN
+             INSERT INTO public.ran VALUES (current_user, 'array_agg');
+             RETURN CASE WHEN cardinality($1) = 0 THEN NULL ELSE $1 END;
+         END $$;
+         CREATE AGGREGATE public.array_agg(text) (sfunc = public.planted_step, stype = text[],
+             finalfunc = public.planted_final, initcond = '{}');
+         CREATE FUNCTION public.unnest(text[]) RETURNS SETOF text LANGUAGE plpgsql AS $$
+         BEGIN
+             INSERT INTO public.ran VALUES (current_user, 'unnest');
+             RETURN QUERY SELECT pg_catalog.unnest($1);
+         END $$;
+         RESET ROLE;",
+    )
+    .expect("plant the look-alikes");
+    // A new reaper plans its statements with the planted objects already there.
+    let old = reaper_pid(&mut c, "postgres").expect("a reaper serves postgres");
+    c.execute("SELECT pg_terminate_backend($1)", &[&old])
+        .expect("stop the reaper");
+    let new = eventually(Duration::from_secs(20), "a new reaper", || {
+        reaper_pid(&mut c, "postgres").filter(|&p| p != old)
+    });
+    // A session-bound lease whose session ends: the session-gone path runs too.
+    let mut gone = cluster.connect();
+    gone.query_one(
+        "SELECT lockext.lock_acquire('path-lock', 'gone', '1 hour', session_bound => true)",
+        &[],
+    )
+    .expect("session-bound lease");
+    drop(gone);
+    let rounds = |c: &mut Client| -> i64 {
+        c.query_one(
+            "SELECT rounds FROM lockext.reaper_status() WHERE database = 'postgres' AND pid = $1",
+            &[&new],
+        )
+        .map(|r| r.get(0))
+        .unwrap_or(0)
+    };
+    eventually(Duration::from_secs(20), "ten rounds of the new reaper", || {
+        (rounds(&mut c) >= 10).then_some(())
+    });
+    let ran: Vec<(String, String)> = c
+        .query("SELECT who::text, what FROM public.ran", &[])
+        .expect("read public.ran")
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert!(
+        ran.is_empty(),
+        "the reaper ran functions a member planted on its search_path: {ran:?}"
+    );
+}
