@@ -20,17 +20,18 @@ BEGIN
             USING ERRCODE = '55L01',
                   DETAIL = CASE WHEN newer > fence_token
                                 THEN format('A holder with fence token %s has written since.', newer)
-                                ELSE format('The resource is bound to lock "%s", and fence token %s is not its live grant.',
+                                ELSE format('The resource is bound to lock "%s", and fence token %s is not its live grant held by this role.',
                                             guard, fence_token) END,
                   HINT = 'This client''s lease was lost: stop, and acquire the lock again.';
     END IF;
 END $$;
 
 -- Binds a resource to the lock that guards it (NULL: unbinds it). A bound resource accepts
--- only the live exclusive grant of that lock (fence, fenced_update, fence_guard with a
--- resource id) and, for readers, a live lease of it (fence_read): no other lock's token
--- can move its mark, and a holder whose lease ran out is refused at once. An operator's
--- decision, so lockext_admin's only.
+-- only the live exclusive grant of that lock, presented by the role that took it (fence,
+-- fenced_update, fence_guard with a resource id) and, for readers, a live lease of it
+-- (fence_read): no other lock's token can move its mark, nobody else can use the holder's
+-- token, and a holder whose lease ran out is refused at once. An operator's decision, so
+-- lockext_admin's only.
 --   SELECT lockext.bind_resource('account:42', 'ledger');
 CREATE FUNCTION lockext.bind_resource(resource_id text, lock_id text) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -51,40 +52,28 @@ END $$;
 
 -- The reader's side, for holders of shared leases. Readers do not move the high-water mark
 -- (two readers' tokens must not fence each other out); a reader is refused once a writer
--- with a newer token has written. The resource's row stays locked in share mode to the end
--- of the reader's transaction, so the reads that follow see no writer's half-done work:
--- a writer's fence waits for those transactions.
+-- with a newer token has written, and, on a bound resource, unless the token is a live
+-- lease of the resource's lock taken by the reading role. The resource's row stays locked
+-- in share mode to the end of the reader's transaction, so the reads that follow see no
+-- writer's half-done work: a writer's fence waits for those transactions. SECURITY
+-- INVOKER: the check must know the reading role (fence_read_check becomes the tables'
+-- owner inside, as the lease functions do).
 --   BEGIN; SELECT lockext.fence_read('acct:42', $token); SELECT ... FROM accounts ...; COMMIT;
 CREATE FUNCTION lockext.fence_read(resource_id text, fence_token bigint) RETURNS void
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    mark bigint;
-    guard text;
+    why text := lockext.fence_read_check(resource_id, fence_token);
 BEGIN
-    IF resource_id IS NULL THEN
-        RAISE EXCEPTION 'resource_id must not be NULL' USING ERRCODE = '22004';
-    END IF;
-    PERFORM lockext.check_token(fence_token);
-    SELECT r.fence_token, r.lock_id INTO mark, guard FROM lockext.resources AS r
-     WHERE r.resource_id = fence_read.resource_id FOR SHARE;
-    IF guard IS NOT NULL AND NOT lockext.lock_check(guard, fence_token) THEN
+    IF why IS NOT NULL THEN
         RAISE EXCEPTION 'fence token % is stale for resource "%"', fence_token, resource_id
-            USING ERRCODE = '55L01',
-                  DETAIL = format('The resource is bound to lock "%s", and fence token %s is not a live lease of it.',
-                                  guard, fence_token),
-                  HINT = 'This client''s lease was lost: stop, and acquire the lock again.';
-    END IF;
-    IF mark > fence_token THEN
-        RAISE EXCEPTION 'fence token % is stale for resource "%"', fence_token, resource_id
-            USING ERRCODE = '55L01',
-                  DETAIL = format('A writer with fence token %s has written since.', mark),
+            USING ERRCODE = '55L01', DETAIL = why,
                   HINT = 'This client''s lease was lost: stop, and acquire the lock again.';
     END IF;
 END $$;
 
 -- fence_read, then the document fenced_update stored (NULL when there is none).
 CREATE FUNCTION lockext.fenced_read(resource_id text, fence_token bigint) RETURNS jsonb
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     PERFORM lockext.fence_read(resource_id, fence_token);
     RETURN (SELECT r.data FROM lockext.resources AS r WHERE r.resource_id = fenced_read.resource_id);

@@ -79,13 +79,14 @@ ALTER TABLE lockext.resources ADD COLUMN lock_id text;
 -- during a parallel operation.
 CREATE FUNCTION lockext."exclusive_grant_live"(
 	"lock_id" TEXT, /* &str */
-	"fence_token" bigint /* i64 */
+	"fence_token" bigint, /* i64 */
+	"holder_role" oid /* pgrx_pg_sys::submodules::oids::Oid */
 ) RETURNS bool /* bool */
 STRICT VOLATILE PARALLEL UNSAFE
 SET search_path TO pg_catalog, pg_temp
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'exclusive_grant_live_wrapper';
-REVOKE ALL ON FUNCTION lockext.exclusive_grant_live(text, bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION lockext.exclusive_grant_live(text, bigint, oid) FROM PUBLIC;
 ALTER FUNCTION lockext.lock_check(text, bigint) PARALLEL UNSAFE;
 CREATE OR REPLACE FUNCTION lockext.fence(resource_id text, fence_token bigint) RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
@@ -99,7 +100,7 @@ BEGIN
             USING ERRCODE = '55L01',
                   DETAIL = CASE WHEN newer > fence_token
                                 THEN format('A holder with fence token %s has written since.', newer)
-                                ELSE format('The resource is bound to lock "%s", and fence token %s is not its live grant.',
+                                ELSE format('The resource is bound to lock "%s", and fence token %s is not its live grant held by this role.',
                                             guard, fence_token) END,
                   HINT = 'This client''s lease was lost: stop, and acquire the lock again.';
     END IF;
@@ -122,31 +123,47 @@ BEGIN
     ON CONFLICT ON CONSTRAINT resources_pkey DO UPDATE SET lock_id = EXCLUDED.lock_id;
 END $$;
 
+-- Fenced writes and reads of a bound resource must know the calling role (its token is
+-- no secret): SECURITY INVOKER, becoming the tables' owner inside (src/caller.rs).
+ALTER FUNCTION lockext.fenced_update(text, bigint, jsonb) SECURITY INVOKER;
+ALTER FUNCTION lockext.fence_advance(text, bigint) SECURITY INVOKER;
+CREATE FUNCTION lockext."fence_read_check"(
+	"resource_id" TEXT, /* core::option::Option<&str> */
+	"fence_token" bigint /* core::option::Option<i64> */
+) RETURNS TEXT /* core::option::Option<alloc::string::String> */
+VOLATILE PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'fence_read_check_wrapper';
+REVOKE ALL ON FUNCTION lockext.fence_read_check(text, bigint) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION lockext.fence_read_check(text, bigint) TO lockext_user;
+-- The reader's side, for holders of shared leases. Readers do not move the high-water mark
+-- (two readers' tokens must not fence each other out); a reader is refused once a writer
+-- with a newer token has written, and, on a bound resource, unless the token is a live
+-- lease of the resource's lock taken by the reading role. The resource's row stays locked
+-- in share mode to the end of the reader's transaction, so the reads that follow see no
+-- writer's half-done work: a writer's fence waits for those transactions. SECURITY
+-- INVOKER: the check must know the reading role (fence_read_check becomes the tables'
+-- owner inside, as the lease functions do).
+--   BEGIN; SELECT lockext.fence_read('acct:42', $token); SELECT ... FROM accounts ...; COMMIT;
 CREATE OR REPLACE FUNCTION lockext.fence_read(resource_id text, fence_token bigint) RETURNS void
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    mark bigint;
-    guard text;
+    why text := lockext.fence_read_check(resource_id, fence_token);
 BEGIN
-    IF resource_id IS NULL THEN
-        RAISE EXCEPTION 'resource_id must not be NULL' USING ERRCODE = '22004';
-    END IF;
-    PERFORM lockext.check_token(fence_token);
-    SELECT r.fence_token, r.lock_id INTO mark, guard FROM lockext.resources AS r
-     WHERE r.resource_id = fence_read.resource_id FOR SHARE;
-    IF guard IS NOT NULL AND NOT lockext.lock_check(guard, fence_token) THEN
+    IF why IS NOT NULL THEN
         RAISE EXCEPTION 'fence token % is stale for resource "%"', fence_token, resource_id
-            USING ERRCODE = '55L01',
-                  DETAIL = format('The resource is bound to lock "%s", and fence token %s is not a live lease of it.',
-                                  guard, fence_token),
+            USING ERRCODE = '55L01', DETAIL = why,
                   HINT = 'This client''s lease was lost: stop, and acquire the lock again.';
     END IF;
-    IF mark > fence_token THEN
-        RAISE EXCEPTION 'fence token % is stale for resource "%"', fence_token, resource_id
-            USING ERRCODE = '55L01',
-                  DETAIL = format('A writer with fence token %s has written since.', mark),
-                  HINT = 'This client''s lease was lost: stop, and acquire the lock again.';
-    END IF;
+END $$;
+
+-- fence_read, then the document fenced_update stored (NULL when there is none).
+CREATE OR REPLACE FUNCTION lockext.fenced_read(resource_id text, fence_token bigint) RETURNS jsonb
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM lockext.fence_read(resource_id, fence_token);
+    RETURN (SELECT r.data FROM lockext.resources AS r WHERE r.resource_id = fenced_read.resource_id);
 END $$;
 
 REVOKE ALL ON FUNCTION lockext.bind_resource(text, text) FROM PUBLIC;

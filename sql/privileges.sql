@@ -33,6 +33,7 @@ BEGIN
         'lockext.fence_read(text, bigint)',
         'lockext.fenced_read(text, bigint)',
         'lockext.fence_advance(text, bigint)',
+        'lockext.fence_read_check(text, bigint)',
         'lockext.check_token(bigint)',
         'lockext.token_era()'
     ]::regprocedure[] LOOP
@@ -42,7 +43,7 @@ BEGIN
 END $$;
 
 -- lockext's own check, run by fenced writes as the extension's owner.
-REVOKE ALL ON FUNCTION lockext.exclusive_grant_live(text, bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION lockext.exclusive_grant_live(text, bigint, oid) FROM PUBLIC;
 
 -- Binding a resource to its lock is an operator's decision.
 REVOKE ALL ON FUNCTION lockext.bind_resource(text, text) FROM PUBLIC;

@@ -11,13 +11,15 @@
 //! 55L01, which pgrx cannot carry through a Rust function.
 
 use pgrx::datum::DatumWithOid;
-use pgrx::pg_sys::BuiltinOid::*;
+use pgrx::pg_sys::{self, BuiltinOid::*};
 use pgrx::prelude::*;
 
+use crate::caller;
 use crate::error::{self, LockError, OrReport};
 use crate::statements::{first_value, Statement};
 use crate::stats::{self, Counter};
 use crate::token;
+use crate::xact;
 
 // Check and write are one statement: ON CONFLICT takes the resource's row lock, so two
 // writers of one resource run one after the other, and the second sees the first's token.
@@ -26,6 +28,8 @@ use crate::token;
 // bound to a lock also demands that the token be that lock's live exclusive grant, by the
 // server's clock: no other lock's token, however new, can move its mark, and a holder
 // whose lease has run out is refused at once, not only once its successor has written.
+// The grant must also be the writer's own (taken by the calling role, $5): its token is
+// no secret (lockext.locks is readable by everyone), so a token alone proves nothing.
 // That check runs once the row is locked, under the newest snapshot
 // (`exclusive_grant_live`): the statement's own snapshot would still show a grant
 // released while the writer waited for the row, or since a REPEATABLE READ transaction
@@ -39,9 +43,9 @@ static ADVANCE: Statement = Statement {
                  updated_at = EXCLUDED.updated_at \
            WHERE r.fence_token <= EXCLUDED.fence_token \
              AND CASE WHEN r.lock_id IS NULL THEN true \
-                      ELSE lockext.exclusive_grant_live(r.lock_id, EXCLUDED.fence_token) END \
+                      ELSE lockext.exclusive_grant_live(r.lock_id, EXCLUDED.fence_token, $5) END \
           RETURNING true",
-    params: &[TEXTOID, INT8OID, JSONBOID, BOOLOID],
+    params: &[TEXTOID, INT8OID, JSONBOID, BOOLOID, OIDOID],
 };
 
 // What made a refused fence stale: the mark, or for a bound resource whose mark is not
@@ -55,8 +59,27 @@ static HIGH_WATER_MARK: Statement = Statement {
 // whatever the caller's snapshot says.
 static EXCLUSIVE_GRANT_LIVE: Statement = Statement {
     sql: "SELECT EXISTS (SELECT FROM lockext.locks \
-                          WHERE lock_id = $1 AND fence_token = $2 AND expires_at > clock_timestamp())",
-    params: &[TEXTOID, INT8OID],
+                          WHERE lock_id = $1 AND fence_token = $2 AND holder_role = $3 \
+                            AND expires_at > clock_timestamp())",
+    params: &[TEXTOID, INT8OID, OIDOID],
+};
+
+// The same for a reader of a bound resource: a live lease of any kind, of the caller's.
+static OWN_LEASE_LIVE: Statement = Statement {
+    sql: "SELECT EXISTS (SELECT FROM lockext.locks \
+                          WHERE lock_id = $1 AND fence_token = $2 AND holder_role = $3 \
+                            AND expires_at > clock_timestamp()) \
+              OR EXISTS (SELECT FROM lockext.shared_leases \
+                          WHERE lock_id = $1 AND fence_token = $2 AND holder_role = $3 \
+                            AND expires_at > clock_timestamp())",
+    params: &[TEXTOID, INT8OID, OIDOID],
+};
+
+// A reader's look at the resource, keeping its row share-locked to the end of the reader's
+// transaction (a writer's fence then waits for it).
+static READ_MARK: Statement = Statement {
+    sql: "SELECT fence_token, lock_id FROM lockext.resources WHERE resource_id = $1 FOR SHARE",
+    params: &[TEXTOID],
 };
 
 static LEASE_IS_LIVE: Statement = Statement {
@@ -69,23 +92,32 @@ static LEASE_IS_LIVE: Statement = Statement {
 
 /// Stores `data` for `resource_id` if `fence_token` is not older than the newest token
 /// accepted there; returns whether it was stored.
-#[pg_extern(volatile, parallel_unsafe, security_definer)]
+#[pg_extern(volatile, parallel_unsafe)]
 #[search_path(pg_catalog, pg_temp)]
 fn fenced_update(
     resource_id: Option<&str>,
     fence_token: Option<i64>,
     data: Option<pgrx::JsonB>,
 ) -> bool {
-    fenced_write(resource_id, fence_token, data).or_report()
+    caller::as_owner(|| fenced_write(resource_id, fence_token, data)).or_report()
 }
 
 /// Records `fence_token` as `resource_id`'s high-water mark, in the caller's transaction
 /// and under the resource's row lock. Returns NULL when accepted, or the newer token that
 /// makes it stale. (`lockext.fence` turns the latter into an error.)
-#[pg_extern(volatile, parallel_unsafe, security_definer)]
+#[pg_extern(volatile, parallel_unsafe)]
 #[search_path(pg_catalog, pg_temp)]
 fn fence_advance(resource_id: Option<&str>, fence_token: Option<i64>) -> Option<i64> {
-    fence_only(resource_id, fence_token).or_report()
+    caller::as_owner(|| fence_only(resource_id, fence_token)).or_report()
+}
+
+/// A reader's check (`lockext.fence_read`): NULL when the reader may read `resource_id`
+/// with `fence_token`, or why not (the 55L01 error's detail, which the SQL wrapper raises).
+/// Keeps the resource's row share-locked to the end of the transaction.
+#[pg_extern(volatile, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
+fn fence_read_check(resource_id: Option<&str>, fence_token: Option<i64>) -> Option<String> {
+    caller::as_owner(|| read_check(resource_id, fence_token)).or_report()
 }
 
 /// Raises an error unless `fence_token` is a token lockext could have issued.
@@ -100,8 +132,8 @@ fn check_token(fence_token: Option<i64>) {
 /// once they hold the resource's row. Not granted to anyone: lockext's own.
 #[pg_extern(volatile, parallel_unsafe)]
 #[search_path(pg_catalog, pg_temp)]
-fn exclusive_grant_live(lock_id: &str, fence_token: i64) -> bool {
-    read_now(&EXCLUSIVE_GRANT_LIVE, lock_id, fence_token)
+fn exclusive_grant_live(lock_id: &str, fence_token: i64, holder_role: pg_sys::Oid) -> bool {
+    read_now(&EXCLUSIVE_GRANT_LIVE, lock_id, fence_token, Some(holder_role))
 }
 
 /// True while the grant with `fence_token` still holds a live lease on `lock_id`, by the
@@ -162,8 +194,15 @@ fn advance(
             fence_token.into(),
             data.into(),
             replace.into(),
+            caller::role().into(),
         ];
-        Ok::<_, LockError>(!ADVANCE.run(client, &args)?.is_empty())
+        // A refused upsert still holds the resource's row (ON CONFLICT locks it before its
+        // WHERE says no): undone, so that a refused writer whose transaction stays open
+        // (fenced_update answers false, it raises nothing) holds up no one.
+        Ok::<_, LockError>(
+            xact::kept_if_found(|| Ok((!ADVANCE.run(client, &args)?.is_empty()).then_some(())))?
+                .is_some(),
+        )
     })?;
     if !accepted {
         stats::count(Counter::FenceStale);
@@ -174,12 +213,54 @@ fn advance(
 fn lease_is_live(lock_id: Option<&str>, fence_token: Option<i64>) -> Result<bool, LockError> {
     let lock_id = error::identifier("lock_id", lock_id)?;
     let fence_token = error::token("fence_token", fence_token)?;
-    Ok(read_now(&LEASE_IS_LIVE, lock_id, fence_token))
+    Ok(read_now(&LEASE_IS_LIVE, lock_id, fence_token, None))
 }
 
-/// A yes-or-no question about a grant, under the newest snapshot.
-fn read_now(question: &'static Statement, lock_id: &str, fence_token: i64) -> bool {
-    let args = [DatumWithOid::from(lock_id), fence_token.into()];
+fn read_check(
+    resource_id: Option<&str>,
+    fence_token: Option<i64>,
+) -> Result<Option<String>, LockError> {
+    let resource_id = error::identifier("resource_id", resource_id)?;
+    let fence_token = error::token("fence_token", fence_token)?;
+    let (mark, guard) = Spi::connect_mut(|client| {
+        token::require_issued(client, fence_token)?;
+        let rows = READ_MARK.run(client, &[resource_id.into()])?;
+        if rows.is_empty() {
+            return Ok::<_, LockError>((None, None));
+        }
+        let row = rows.first();
+        Ok((row.get::<i64>(1)?, row.get::<String>(2)?))
+    })?;
+    if let Some(guard) = guard {
+        if !read_now(&OWN_LEASE_LIVE, &guard, fence_token, Some(caller::role())) {
+            stats::count(Counter::FenceStale);
+            return Ok(Some(format!(
+                "The resource is bound to lock \"{guard}\", and fence token {fence_token} is not a live lease of it held by this role."
+            )));
+        }
+    }
+    match mark {
+        Some(mark) if mark > fence_token => {
+            stats::count(Counter::FenceStale);
+            Ok(Some(format!(
+                "A writer with fence token {mark} has written since."
+            )))
+        }
+        _ => Ok(None),
+    }
+}
+
+/// A yes-or-no question about a grant (of `role`'s, when given), under the newest snapshot.
+fn read_now(
+    question: &'static Statement,
+    lock_id: &str,
+    fence_token: i64,
+    role: Option<pg_sys::Oid>,
+) -> bool {
+    let mut args = vec![DatumWithOid::from(lock_id), fence_token.into()];
+    if let Some(role) = role {
+        args.push(role.into());
+    }
     Spi::connect_mut(|_| question.read_latest(&args).and_then(|row| row.get::<bool>(1)))
         == Some(true)
 }

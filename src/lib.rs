@@ -31,7 +31,7 @@ extension_sql_file!("../sql/lockext.sql", name = "schema", bootstrap);
 extension_sql_file!(
     "../sql/fence.sql",
     name = "fence",
-    requires = [fence::fence_advance, fence::check_token, fence::lock_check]
+    requires = [fence::fence_advance, fence::check_token, fence::lock_check, fence::fence_read_check]
 );
 // Views for operators.
 extension_sql_file!(

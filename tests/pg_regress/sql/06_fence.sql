@@ -144,6 +144,19 @@ SELECT lockext.fenced_update('acct:short', :short, '{"step": 2}') AS late_write_
 SELECT fence_token AS reader FROM lockext.lock_acquire('ledger-short', 'reader', '1 minute', mode => 'shared') \gset
 SELECT lockext.fenced_read('acct:short', :reader) AS read_by_live_reader;
 SELECT lockext.fence_read('acct:short', :attacker);
+-- A token is no secret (lockext.locks shows it to everyone): another role presenting the
+-- holder's live grant is refused by a bound resource, writing or reading.
+CREATE ROLE regress_thief IN ROLE lockext_user;
+GRANT USAGE ON SCHEMA public TO regress_thief;
+SET ROLE regress_thief;
+SELECT lockext.fenced_update('acct:bound', (SELECT fence_token FROM lockext.locks WHERE lock_id = 'ledger-b'),
+                             '{"by": "thief"}') AS thief_stored;
+SELECT lockext.fence('acct:bound', (SELECT fence_token FROM lockext.locks WHERE lock_id = 'ledger-b'));
+SELECT lockext.fence_read('acct:short', :reader);
+RESET ROLE;
+REVOKE USAGE ON SCHEMA public FROM regress_thief;
+DROP ROLE regress_thief;
+SELECT lockext.fenced_read('acct:bound', :holder) AS still_the_holders;
 -- Unbinding, and who may bind: an operator only.
 SELECT lockext.bind_resource('acct:short', NULL);
 SELECT lock_id FROM lockext.resources WHERE resource_id = 'acct:short';
