@@ -87,3 +87,9 @@ fn owner() -> Result<pg_sys::Oid, LockError> {
     OWNER.with(|o| o.set(Some((schema, owner))));
     Ok(owner)
 }
+
+/// Whether the calling role is a member of `lockext_admin` (superusers are).
+pub fn is_admin() -> bool {
+    let admin = unsafe { pg_sys::get_role_oid(c"lockext_admin".as_ptr(), true) };
+    admin != pg_sys::InvalidOid && unsafe { pg_sys::is_member_of_role(role(), admin) }
+}

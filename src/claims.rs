@@ -17,14 +17,16 @@
 //!
 //! Claims use the server's shared lock table, sized by max_locks_per_transaction. One
 //! transaction keeps at most half that many. Past that (a bulk load of leases in one
-//! transaction), an exclusive acquire keeps one claim for the whole database instead, which
-//! every shared acquire also tries, and only tests its lock id's gate; a shared or
-//! semaphore acquire is refused with an error.
+//! transaction), an exclusive acquire by a `lockext_admin` member keeps one claim for the
+//! whole database instead, which every shared acquire also tries, and only tests its lock
+//! id's gate; any other acquire is refused with an error. (Any member could otherwise
+//! refuse everyone's shared leases for as long as it kept a transaction open.)
 
 use std::cell::{Cell, RefCell};
 
 use pgrx::{pg_sys, register_subxact_callback, PgSubXactCallbackEvent};
 
+use crate::caller;
 use crate::error::LockError;
 
 /// Lockext's claims among advisory locks in `pg_locks` (objsubid 19531 "LK", 19535 "LO",
@@ -80,7 +82,9 @@ pub fn try_gate(lock_id: &str, mode: Mode) -> Result<Option<Gate>, LockError> {
     };
     if newly_taken && !keep_another_claim() {
         unsafe { pg_sys::LockRelease(&tag, mode.lockmode(), false) };
-        if mode == Mode::Shared {
+        // The database-wide claim refuses every shared acquire in the database while this
+        // transaction lasts: an operator's bulk load may take it, not any member.
+        if mode == Mode::Shared || !caller::is_admin() {
             return Err(LockError::TooManyClaims);
         }
         if try_lock(&tag_of(BULK_TAG, 0), Mode::Exclusive).is_none() {

@@ -89,7 +89,7 @@ pub enum LockError {
     #[error("session-bound leases are off for this session (lockext.session_leases)")]
     SessionLeasesOff,
 
-    #[error("too many shared leases and permits taken in one transaction")]
+    #[error("too many leases taken in one transaction")]
     TooManyClaims,
 
     #[error("lockext internal error: a grant has no {name}")]
@@ -167,7 +167,8 @@ impl LockError {
                  Take a lease without session_bound, and renew it.",
             ),
             LockError::TooManyClaims => Some(
-                "Take fewer shared leases in one transaction, or raise max_locks_per_transaction.",
+                "Take fewer leases in one transaction (a lockext_admin member may take more \
+                 exclusive ones), or raise max_locks_per_transaction.",
             ),
             _ => None,
         }

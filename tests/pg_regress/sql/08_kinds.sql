@@ -134,6 +134,19 @@ BEGIN
     RAISE NOTICE 'shared lease taken after 100 refused sets';
 END $$;
 SELECT lockext.lock_release('s-shared', 'looper') AND lockext.lock_release('s-held', 'other') AS released;
+-- Past the budget, only an operator's bulk load of exclusive leases goes on (with one claim
+-- for the whole database, which refuses every shared acquire in it till it commits): a
+-- plain member is refused (53200), or it could refuse everyone's shared leases for as long
+-- as it kept its transaction open.
+CREATE ROLE regress_bulk IN ROLE lockext_user;
+BEGIN;
+SET LOCAL ROLE regress_bulk;
+SELECT count(*) FROM generate_series(1, 40) AS g, lockext.lock_acquire('bulk-' || g, 'b', '1 minute') AS x;
+ROLLBACK;
+BEGIN;
+SELECT count(*) FROM generate_series(1, 40) AS g, lockext.lock_acquire('bulk-' || g, 'b', '1 minute') AS x;
+ROLLBACK;
+DROP ROLE regress_bulk;
 -- Bad sets.
 SELECT * FROM lockext.lock_acquire_all(ARRAY[]::text[], 'batch', '1 minute');
 SELECT * FROM lockext.lock_acquire_all(ARRAY['s-a', NULL], 'batch', '1 minute');
