@@ -263,3 +263,17 @@ BEGIN
     END IF;
     RETURN NEW;
 END $$;
+
+-- The reaper finds leases by when their lock is free (expiry plus lock-delay), so that a
+-- batch reads only what it may delete (leases in their lock-delay were read every batch).
+CREATE FUNCTION lockext."free_at"(
+	"expires_at" timestamp with time zone, /* pgrx::datum::time_stamp_with_timezone::TimestampWithTimeZone */
+	"lock_delay" interval /* pgrx::datum::interval::Interval */
+) RETURNS timestamp with time zone /* pgrx::datum::time_stamp_with_timezone::TimestampWithTimeZone */
+IMMUTABLE STRICT PARALLEL SAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'free_at_wrapper';
+DROP INDEX lockext.locks_expires_at_idx;
+DROP INDEX lockext.shared_leases_expires_at_idx;
+CREATE INDEX locks_free_at_idx ON lockext.locks (lockext.free_at(expires_at, lock_delay));
+CREATE INDEX shared_leases_free_at_idx ON lockext.shared_leases (lockext.free_at(expires_at, lock_delay));

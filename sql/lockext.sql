@@ -42,7 +42,6 @@ CREATE TABLE lockext.locks (
 -- taking an ACCESS EXCLUSIVE lock that every lock call would wait behind for a moment.
 ALTER TABLE lockext.locks SET (vacuum_truncate = false);
 -- The reaper's access path: expired leases, oldest first.
-CREATE INDEX locks_expires_at_idx ON lockext.locks (expires_at);
 -- The reaper's access path to session-bound leases, to find those whose backend is gone.
 CREATE INDEX locks_session_idx ON lockext.locks (taker_pid) WHERE session_start IS NOT NULL;
 
@@ -69,7 +68,6 @@ CREATE TABLE lockext.shared_leases (
     PRIMARY KEY (lock_id, owner)
 );
 ALTER TABLE lockext.shared_leases SET (vacuum_truncate = false);
-CREATE INDEX shared_leases_expires_at_idx ON lockext.shared_leases (expires_at);
 CREATE INDEX shared_leases_session_idx ON lockext.shared_leases (taker_pid) WHERE session_start IS NOT NULL;
 
 -- The token era (high bits of every token, see src/token.rs) and the history it was

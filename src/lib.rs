@@ -33,6 +33,12 @@ extension_sql_file!(
     name = "fence",
     requires = [fence::fence_advance, fence::check_token, fence::lock_check, fence::fence_read_check]
 );
+// The reaper's index, over a Rust function.
+extension_sql_file!(
+    "../sql/indexes.sql",
+    name = "indexes",
+    requires = [reaper::free_at]
+);
 // Views for operators.
 extension_sql_file!(
     "../sql/views.sql",

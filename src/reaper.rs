@@ -38,17 +38,38 @@ const LAUNCHER_NAP: Duration = Duration::from_secs(5);
 /// How soon the postmaster restarts the launcher after a crash.
 const LAUNCHER_RESTART: Duration = Duration::from_secs(5);
 
+/// When a lease's lock is free for others unless renewed: its expiry plus its lock-delay.
+/// Indexed (`locks_free_at_idx`), for the reaper. `timestamptz + interval` is only STABLE
+/// (a day or a month is not always as long, by the time zone); this adds the interval as
+/// plain microseconds (a day 24 hours, a month 30 days), which no setting changes, so it is
+/// IMMUTABLE. lockext stores every lock-delay as plain microseconds, where both agree.
+#[pg_extern(immutable, strict, parallel_safe)]
+fn free_at(expires_at: TimestampWithTimeZone, lock_delay: Interval) -> TimestampWithTimeZone {
+    const DAY: i64 = 86_400_000_000;
+    let delay = lock_delay
+        .micros()
+        .saturating_add(i64::from(lock_delay.days()).saturating_mul(DAY))
+        .saturating_add(i64::from(lock_delay.months()).saturating_mul(30 * DAY));
+    let at = pg_sys::TimestampTz::from(expires_at).saturating_add(delay);
+    // Out of timestamptz's range only for rows no lockext function wrote: clamp to the end.
+    TimestampWithTimeZone::try_from(at).unwrap_or(if delay >= 0 {
+        TimestampWithTimeZone::positive_infinity()
+    } else {
+        TimestampWithTimeZone::negative_infinity()
+    })
+}
+
 static EXTENSION_INSTALLED: Statement = Statement {
     sql: "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'lockext')",
     params: &[],
 };
 
-// Oldest first, through the expires_at index, with the batch's clock ($3, read once) as an
-// index condition, so the scan stops at the first live lease: a batch reads what it may
-// delete, not every lease (clock_timestamp() is volatile, and would make it a filter over
-// the whole index). FOR UPDATE re-checks expiry on the newest version of each row, so a
-// lease renewed a moment ago is left alone. A lease in its lock-delay (expired, not yet
-// free) is left for a later round.
+// Oldest first, through the index on when a lease's lock is free (`free_at`: its expiry
+// plus its lock-delay), with the batch's clock ($3, read once) as an index condition, so
+// the scan stops at the first lease not yet free: a batch reads what it may delete, not
+// every lease, live or in its lock-delay (clock_timestamp() is volatile, and would make it
+// a filter over the whole index). FOR UPDATE re-checks on the newest version of each row,
+// so a lease renewed a moment ago is left alone.
 macro_rules! reap_expired_sql {
     ($table:literal) => {
         concat!(
@@ -58,8 +79,8 @@ macro_rules! reap_expired_sql {
               USING (SELECT lock_id, owner FROM ",
             $table,
             " \
-                      WHERE expires_at <= $3 AND expires_at + lock_delay <= $3 \
-                      ORDER BY expires_at \
+                      WHERE lockext.free_at(expires_at, lock_delay) <= $3 \
+                      ORDER BY lockext.free_at(expires_at, lock_delay) \
                       LIMIT $1 \
                         FOR UPDATE SKIP LOCKED) AS doomed \
               WHERE l.lock_id = doomed.lock_id AND l.owner = doomed.owner \
