@@ -47,7 +47,12 @@ BEGIN
     END IF;
     INSERT INTO lockext.resources AS r (resource_id, fence_token, data, updated_at, lock_id)
     VALUES (bind_resource.resource_id, 0, NULL, clock_timestamp(), bind_resource.lock_id)
-    ON CONFLICT ON CONSTRAINT resources_pkey DO UPDATE SET lock_id = EXCLUDED.lock_id;
+    ON CONFLICT ON CONSTRAINT resources_pkey DO UPDATE
+        SET lock_id = EXCLUDED.lock_id,
+            -- Bound to another lock: a mark left by any other lock's token (any member may
+            -- have raised it before the binding) would refuse the lock's holder.
+            fence_token = CASE WHEN EXCLUDED.lock_id IS NOT NULL AND r.lock_id IS DISTINCT FROM EXCLUDED.lock_id
+                               THEN 0 ELSE r.fence_token END;
 END $$;
 
 -- The reader's side, for holders of shared leases. Readers do not move the high-water mark
@@ -86,10 +91,11 @@ END $$;
 -- token is refused. The writer's token is the token column's new value when the write
 -- sets one (an INSERT, an UPDATE that changes it); an UPDATE that leaves the column as it
 -- is, and a DELETE, carry none in the row (a trigger cannot tell "SET fence_token = 18" to
--- the row's own value from a statement that never named the column), so they must
--- declare it for the transaction: SET LOCAL lockext.fence_token = 18. Refused otherwise,
--- not accepted as the row's own holder: that is how a stale holder would inherit the newer
--- token. A declared token newer than the row's is written into the row.
+-- the row's own value from a statement that never named the column), so they use the
+-- token the same role declared in the same transaction (lockext.declare_token, which an
+-- accepted write with a token also does). Refused otherwise, not accepted as the row's
+-- own holder: that is how a stale holder would inherit the newer token. A declared token
+-- newer than the row's is written into the row.
 -- With a resource id, the writer's token also fences that resource (lockext.fence).
 -- Runs with the writer's rights (a trigger running as the extension's owner would run the
 -- table's own type output functions with those rights).
@@ -98,7 +104,6 @@ LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     col       text;
     row_now   jsonb;
-    declared  text := nullif(current_setting('lockext.fence_token', true), '');
     writer    bigint;
     old_token bigint;
 BEGIN
@@ -120,10 +125,6 @@ BEGIN
         RAISE EXCEPTION 'column "%" of %.% must hold fence tokens (bigint)', col, TG_TABLE_SCHEMA, TG_TABLE_NAME
             USING ERRCODE = '42804';
     END IF;
-    IF declared IS NOT NULL AND declared !~ '^[0-9]{1,19}$' THEN
-        RAISE EXCEPTION 'lockext.fence_token must be a fence token, not "%"', declared
-            USING ERRCODE = '22023';
-    END IF;
     IF TG_OP <> 'INSERT' THEN
         old_token := (to_jsonb(OLD) ->> col)::bigint;
     END IF;
@@ -135,17 +136,19 @@ BEGIN
                       HINT = 'Write the lock holder''s fence token into the column (the one lock_acquire returned).';
         END IF;
     ELSE
-        writer := declared::bigint;
+        writer := lockext.declared_token();
         IF writer IS NULL THEN
             RAISE EXCEPTION '% on %.% that does not set "%" must declare the writer''s fence token',
                             CASE TG_OP WHEN 'DELETE' THEN 'a DELETE' ELSE 'an UPDATE' END,
                             TG_TABLE_SCHEMA, TG_TABLE_NAME, col
                 USING ERRCODE = '22004',
                       DETAIL = 'The row carries no token of its writer: without one, a holder whose lease was lost could write over a newer holder''s row.',
-                      HINT = format('SET LOCAL lockext.fence_token = <token> in the same transaction first, or set "%s" in the UPDATE.', col);
+                      HINT = format('SELECT lockext.declare_token(<token>) first, in the same transaction and as the same role, or set "%s" in the UPDATE.', col);
         END IF;
     END IF;
-    PERFORM lockext.check_token(writer);
+    -- Refuses a token never issued; and this transaction's later writes by this role that
+    -- carry no token of their own (a DELETE, a row moved to another partition) use it.
+    PERFORM lockext.declare_token(writer);
     IF writer < old_token THEN
         RAISE EXCEPTION 'fence token % is stale for this row of %.%', writer, TG_TABLE_SCHEMA, TG_TABLE_NAME
             USING ERRCODE = '55L01',

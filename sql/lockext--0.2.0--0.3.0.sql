@@ -120,7 +120,12 @@ BEGIN
     END IF;
     INSERT INTO lockext.resources AS r (resource_id, fence_token, data, updated_at, lock_id)
     VALUES (bind_resource.resource_id, 0, NULL, clock_timestamp(), bind_resource.lock_id)
-    ON CONFLICT ON CONSTRAINT resources_pkey DO UPDATE SET lock_id = EXCLUDED.lock_id;
+    ON CONFLICT ON CONSTRAINT resources_pkey DO UPDATE
+        SET lock_id = EXCLUDED.lock_id,
+            -- Bound to another lock: a mark left by any other lock's token (any member may
+            -- have raised it before the binding) would refuse the lock's holder.
+            fence_token = CASE WHEN EXCLUDED.lock_id IS NOT NULL AND r.lock_id IS DISTINCT FROM EXCLUDED.lock_id
+                               THEN 0 ELSE r.fence_token END;
 END $$;
 
 -- Fenced writes and reads of a bound resource must know the calling role (its token is
@@ -192,13 +197,29 @@ END
 $$;
 
 -- fence_guard also fences DELETE and UPDATEs that leave the token column as it is: they
--- declare the writer's token (SET LOCAL lockext.fence_token), or are refused.
+-- use the token their role declared in the transaction (lockext.declare_token), or are
+-- refused.
+CREATE FUNCTION lockext."declare_token"(
+	"fence_token" bigint /* core::option::Option<i64> */
+) RETURNS void
+VOLATILE PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'declare_token_wrapper';
+CREATE FUNCTION lockext."declared_token"() RETURNS bigint /* core::option::Option<i64> */
+STRICT VOLATILE PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'declared_token_wrapper';
+REVOKE ALL ON FUNCTION lockext.declare_token(bigint) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION lockext.declare_token(bigint) TO lockext_user;
+REVOKE ALL ON FUNCTION lockext.declared_token() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION lockext.declared_token() TO lockext_user;
 CREATE OR REPLACE FUNCTION lockext.fence_guard() RETURNS trigger
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     col       text;
     row_now   jsonb;
-    declared  text := nullif(current_setting('lockext.fence_token', true), '');
     writer    bigint;
     old_token bigint;
 BEGIN
@@ -220,10 +241,6 @@ BEGIN
         RAISE EXCEPTION 'column "%" of %.% must hold fence tokens (bigint)', col, TG_TABLE_SCHEMA, TG_TABLE_NAME
             USING ERRCODE = '42804';
     END IF;
-    IF declared IS NOT NULL AND declared !~ '^[0-9]{1,19}$' THEN
-        RAISE EXCEPTION 'lockext.fence_token must be a fence token, not "%"', declared
-            USING ERRCODE = '22023';
-    END IF;
     IF TG_OP <> 'INSERT' THEN
         old_token := (to_jsonb(OLD) ->> col)::bigint;
     END IF;
@@ -235,17 +252,19 @@ BEGIN
                       HINT = 'Write the lock holder''s fence token into the column (the one lock_acquire returned).';
         END IF;
     ELSE
-        writer := declared::bigint;
+        writer := lockext.declared_token();
         IF writer IS NULL THEN
             RAISE EXCEPTION '% on %.% that does not set "%" must declare the writer''s fence token',
                             CASE TG_OP WHEN 'DELETE' THEN 'a DELETE' ELSE 'an UPDATE' END,
                             TG_TABLE_SCHEMA, TG_TABLE_NAME, col
                 USING ERRCODE = '22004',
                       DETAIL = 'The row carries no token of its writer: without one, a holder whose lease was lost could write over a newer holder''s row.',
-                      HINT = format('SET LOCAL lockext.fence_token = <token> in the same transaction first, or set "%s" in the UPDATE.', col);
+                      HINT = format('SELECT lockext.declare_token(<token>) first, in the same transaction and as the same role, or set "%s" in the UPDATE.', col);
         END IF;
     END IF;
-    PERFORM lockext.check_token(writer);
+    -- Refuses a token never issued; and this transaction's later writes by this role that
+    -- carry no token of their own (a DELETE, a row moved to another partition) use it.
+    PERFORM lockext.declare_token(writer);
     IF writer < old_token THEN
         RAISE EXCEPTION 'fence token % is stale for this row of %.%', writer, TG_TABLE_SCHEMA, TG_TABLE_NAME
             USING ERRCODE = '55L01',

@@ -34,6 +34,8 @@ BEGIN
         'lockext.fenced_read(text, bigint)',
         'lockext.fence_advance(text, bigint)',
         'lockext.fence_read_check(text, bigint)',
+        'lockext.declare_token(bigint)',
+        'lockext.declared_token()',
         'lockext.check_token(bigint)',
         'lockext.token_era()'
     ]::regprocedure[] LOOP

@@ -10,6 +10,8 @@
 //! The SQL wrappers raise the stale-token error themselves, with lockext's own SQLSTATE
 //! 55L01, which pgrx cannot carry through a Rust function.
 
+use std::cell::Cell;
+
 use pgrx::datum::DatumWithOid;
 use pgrx::pg_sys::{self, BuiltinOid::*};
 use pgrx::prelude::*;
@@ -120,6 +122,47 @@ fn fence_read_check(resource_id: Option<&str>, fence_token: Option<i64>) -> Opti
     caller::as_owner(|| read_check(resource_id, fence_token)).or_report()
 }
 
+thread_local! {
+    // The writer's token declared in this backend: (its transaction, the declaring role,
+    // the token). Only that transaction's writes by that role may use it.
+    static DECLARED: Cell<Option<(pg_sys::LocalTransactionId, pg_sys::Oid, i64)>> =
+        const { Cell::new(None) };
+}
+
+/// Declares `fence_token` as the writer's token for this transaction's writes, by the
+/// current role, to tables guarded by `lockext.fence_guard`: for an UPDATE that leaves the
+/// token column as it is and a DELETE, which carry no token in the row. Refuses a token
+/// lockext never issued (22023). fence_guard declares the token of each write it accepts.
+#[pg_extern(volatile, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
+fn declare_token(fence_token: Option<i64>) {
+    declare(fence_token).or_report();
+}
+
+/// The token this transaction declared for the current role (`declare_token`), if any.
+#[pg_extern(volatile, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
+fn declared_token() -> Option<i64> {
+    let (xact, role) = this_writer();
+    DECLARED
+        .get()
+        .and_then(|(x, r, token)| (x == xact && r == role).then_some(token))
+}
+
+/// The current transaction, as this backend numbers them, and the current role.
+fn this_writer() -> (pg_sys::LocalTransactionId, pg_sys::Oid) {
+    unsafe { ((*pg_sys::MyProc).lxid, pg_sys::GetUserId()) }
+}
+
+fn declare(fence_token: Option<i64>) -> Result<(), LockError> {
+    let fence_token = error::token("fence_token", fence_token)?;
+    let (xact, role) = this_writer();
+    // Reading the token sequence takes the tables' owner.
+    caller::as_owner(|| Spi::connect_mut(|client| token::require_issued(client, fence_token)))?;
+    DECLARED.set(Some((xact, role, fence_token)));
+    Ok(())
+}
+
 /// Raises an error unless `fence_token` is a token lockext could have issued.
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
@@ -222,6 +265,22 @@ fn read_check(
 ) -> Result<Option<String>, LockError> {
     let resource_id = error::identifier("resource_id", resource_id)?;
     let fence_token = error::token("fence_token", fence_token)?;
+    // The share lock is kept only for a reader who may read: a refused one (who may not
+    // hold the lock at all) must not hold up the resource's writers.
+    let mut why = None;
+    xact::kept_if_found(|| {
+        why = refusal(resource_id, fence_token)?;
+        Ok(why.is_none().then_some(()))
+    })?;
+    if why.is_some() {
+        stats::count(Counter::FenceStale);
+    }
+    Ok(why)
+}
+
+/// Why a reader may not read `resource_id` with `fence_token`, if it may not; takes the
+/// resource's row share-locked.
+fn refusal(resource_id: &str, fence_token: i64) -> Result<Option<String>, LockError> {
     let (mark, guard) = Spi::connect_mut(|client| {
         token::require_issued(client, fence_token)?;
         let rows = READ_MARK.run(client, &[resource_id.into()])?;
@@ -233,21 +292,17 @@ fn read_check(
     })?;
     if let Some(guard) = guard {
         if !read_now(&OWN_LEASE_LIVE, &guard, fence_token, Some(caller::role())) {
-            stats::count(Counter::FenceStale);
             return Ok(Some(format!(
                 "The resource is bound to lock \"{guard}\", and fence token {fence_token} is not a live lease of it held by this role."
             )));
         }
     }
-    match mark {
+    Ok(match mark {
         Some(mark) if mark > fence_token => {
-            stats::count(Counter::FenceStale);
-            Ok(Some(format!(
-                "A writer with fence token {mark} has written since."
-            )))
+            Some(format!("A writer with fence token {mark} has written since."))
         }
-        _ => Ok(None),
-    }
+        _ => None,
+    })
 }
 
 /// A yes-or-no question about a grant (of `role`'s, when given), under the newest snapshot.

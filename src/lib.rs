@@ -31,7 +31,14 @@ extension_sql_file!("../sql/lockext.sql", name = "schema", bootstrap);
 extension_sql_file!(
     "../sql/fence.sql",
     name = "fence",
-    requires = [fence::fence_advance, fence::check_token, fence::lock_check, fence::fence_read_check]
+    requires = [
+        fence::fence_advance,
+        fence::check_token,
+        fence::lock_check,
+        fence::fence_read_check,
+        fence::declare_token,
+        fence::declared_token
+    ]
 );
 // The reaper's index, over a Rust function.
 extension_sql_file!(

@@ -43,9 +43,6 @@ pub static REAP_BATCH_SIZE: GucSetting<i32> = GucSetting::<i32>::new(1000);
 pub static LOCK_DELAY_MS: GucSetting<i32> = GucSetting::<i32>::new(0);
 pub static NOTIFY: GucSetting<bool> = GucSetting::<bool>::new(false);
 pub static SESSION_LEASES: GucSetting<bool> = GucSetting::<bool>::new(true);
-// Read by sql/fence.sql's fence_guard only; defined here so that the lockext prefix,
-// reserved below, accepts it.
-pub static FENCE_TOKEN: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
 
 pub fn define() {
     unsafe {
@@ -117,15 +114,6 @@ pub fn define() {
           superuser can change it, so ALTER ROLE ... SET sticks.",
         &SESSION_LEASES,
         GucContext::Suset,
-        GucFlags::default(),
-    );
-    GucRegistry::define_string_guc(
-        c"lockext.fence_token",
-        c"The fence token of this transaction's writes to tables guarded by lockext.fence_guard.",
-        c"Read by fence_guard for an UPDATE that leaves the token column as it is and for a \
-          DELETE, which carry no token of their own: SET LOCAL lockext.fence_token = <token>.",
-        &FENCE_TOKEN,
-        GucContext::Userset,
         GucFlags::default(),
     );
     // Only after every setting is defined: reserving the prefix removes any lockext.*

@@ -87,12 +87,24 @@ pub fn all_or_nothing<T>(
     .execute()
 }
 
-/// `all_or_nothing` for one statement that locks rows `FOR UPDATE SKIP LOCKED` and may
-/// change none of them: PostgreSQL keeps the lock of a row that fails the recheck of
-/// `FOR UPDATE` (it was changed since the statement's snapshot), to the end of the
-/// transaction. Rolled back, the statement keeps no lock on a row it did not change.
+/// Runs one statement that locks rows `FOR UPDATE SKIP LOCKED` (or `ON CONFLICT`, or `FOR
+/// SHARE`) and may change none of them, so that it keeps no lock on a row it did not
+/// change: PostgreSQL keeps the lock of a row that fails the recheck of `FOR UPDATE` (the
+/// row changed after the statement's snapshot) to the end of the transaction.
+///
+/// Inside a transaction block (`BEGIN`, or several statements sent as one), where the
+/// client's transaction goes on after this call, the statement runs in a subtransaction
+/// that is rolled back when it found nothing (`all_or_nothing`). Outside one the
+/// transaction ends with the statement that called us, and the lock with it, so the
+/// subtransaction is not paid for: it costs a second transaction id per call, and more
+/// than 64 kept ones in a transaction overflow the backend's cache of subtransaction ids,
+/// which makes every snapshot in the cluster dearer while the transaction lasts.
 pub fn kept_if_found<T>(
     statement: impl FnOnce() -> Result<Option<T>, LockError>,
 ) -> Result<Option<T>, LockError> {
-    all_or_nothing(statement)
+    if unsafe { pg_sys::IsTransactionBlock() } {
+        all_or_nothing(statement)
+    } else {
+        statement()
+    }
 }

@@ -42,29 +42,40 @@ SELECT id, state, fence_token = :b AS holds_b FROM jobs;
 UPDATE jobs SET state = 'stale, without a token' WHERE id = 1;
 UPDATE jobs SET state = 'again', fence_token = :b WHERE id = 1;
 BEGIN;
-SET LOCAL lockext.fence_token = :a;
+SELECT lockext.declare_token(:a);
 UPDATE jobs SET state = 'stale, declared' WHERE id = 1;
 ROLLBACK;
 BEGIN;
-SET LOCAL lockext.fence_token = :b;
+SELECT lockext.declare_token(:b);
 UPDATE jobs SET state = 'running again' WHERE id = 1;
 COMMIT;
 SELECT id, state, fence_token = :b AS holds_b FROM jobs;
 -- DELETE and a re-INSERT under an old token: the DELETE needs a declared token too.
 DELETE FROM jobs WHERE id = 1;
 BEGIN;
-SET LOCAL lockext.fence_token = :a;
+SELECT lockext.declare_token(:a);
 DELETE FROM jobs WHERE id = 1;
 ROLLBACK;
+-- A declaration counts for its own transaction and role only: not in the next transaction,
+-- not for another role (a foreign key's cascade, a SECURITY DEFINER function, SET ROLE).
+SELECT lockext.declare_token(:b);
+DELETE FROM jobs WHERE id = 1;
+CREATE ROLE regress_declarer IN ROLE lockext_user;
+GRANT DELETE ON jobs TO regress_declarer;
 BEGIN;
-SET LOCAL lockext.fence_token = 'abc';
+SET LOCAL ROLE regress_declarer;
+SELECT lockext.declare_token(:b);
+RESET ROLE;
 DELETE FROM jobs WHERE id = 1;
 ROLLBACK;
+REVOKE DELETE ON jobs FROM regress_declarer;
+DROP ROLE regress_declarer;
+SELECT lockext.declare_token(:b + 1000000);  -- never issued
 SELECT count(*) AS jobs_left FROM jobs;
 -- A declared token newer than the row's is written into the row.
 INSERT INTO jobs VALUES (3, 'queued', :a);
 BEGIN;
-SET LOCAL lockext.fence_token = :b;
+SELECT lockext.declare_token(:b);
 UPDATE jobs SET state = 'taken' WHERE id = 3;
 COMMIT;
 SELECT id, state, fence_token = :b AS holds_b FROM jobs WHERE id = 3;
@@ -80,15 +91,25 @@ INSERT INTO ledger VALUES (2, 20, :a);  -- a new row, but the resource has seen 
 SELECT id, amount FROM ledger;
 -- A declared token also fences the resource, and one newer than the row's is written in.
 BEGIN;
-SET LOCAL lockext.fence_token = :a;
+SELECT lockext.declare_token(:a);
 DELETE FROM ledger WHERE id = 1;        -- the row has :b, and so has the resource
 ROLLBACK;
 BEGIN;
-SET LOCAL lockext.fence_token = :b;
+SELECT lockext.declare_token(:b);
 UPDATE ledger SET amount = 11 WHERE id = 1;
 DELETE FROM ledger WHERE id = 1;
 COMMIT;
 SELECT count(*) AS ledger_rows FROM ledger;
+-- An UPDATE that moves a row to another partition is a DELETE and an INSERT: the token it
+-- carries counts for both.
+CREATE TABLE pjobs (id int, state text, fence_token bigint) PARTITION BY RANGE (id);
+CREATE TABLE pjobs_low PARTITION OF pjobs FOR VALUES FROM (0) TO (100);
+CREATE TABLE pjobs_high PARTITION OF pjobs FOR VALUES FROM (100) TO (200);
+CREATE TRIGGER pjobs_fence BEFORE INSERT OR UPDATE OR DELETE ON pjobs
+    FOR EACH ROW EXECUTE FUNCTION lockext.fence_guard('fence_token');
+INSERT INTO pjobs VALUES (150, 'queued', :a);
+UPDATE pjobs SET id = 50, fence_token = :b WHERE id = 150;
+SELECT tableoid::regclass, id, fence_token = :b AS holds_b FROM pjobs;
 -- Misuse is reported clearly.
 CREATE TABLE untokened (id int);
 CREATE TRIGGER untokened_fence BEFORE INSERT ON untokened
@@ -160,6 +181,13 @@ SELECT lockext.fenced_read('acct:bound', :holder) AS still_the_holders;
 -- Unbinding, and who may bind: an operator only.
 SELECT lockext.bind_resource('acct:short', NULL);
 SELECT lock_id FROM lockext.resources WHERE resource_id = 'acct:short';
+-- Binding to a lock clears a mark that any other lock's token left (anyone may raise an
+-- unbound resource's mark): the lock's holder writes at once.
+SELECT fence_token AS late FROM lockext.lock_acquire('late-bound-lock', 'h', '1 minute') \gset
+SELECT fence_token AS early FROM lockext.lock_acquire('early-bird-lock', 'e', '1 minute') \gset
+SELECT lockext.fenced_update('late-bound', :early, '{"by": "early bird"}') AS raised_before_binding;
+SELECT lockext.bind_resource('late-bound', 'late-bound-lock');
+SELECT lockext.fenced_update('late-bound', :late, '{"by": "holder"}') AS holder_writes;
 CREATE ROLE regress_binder IN ROLE lockext_user;
 SET ROLE regress_binder;
 SELECT lockext.bind_resource('acct:other', 'mine');
