@@ -737,28 +737,40 @@ pub struct Granted {
 }
 
 impl Granted {
-    /// lock_acquire's result, a `lockext.lock_grant`.
+    /// lock_acquire's result, a `lockext.lock_grant`, formed in one go.
     pub fn to_grant(&self) -> Result<Grant, LockError> {
-        let column = |name| LockError::MissingColumn { name };
-        let mut grant = PgHeapTuple::new_composite_type("lockext.lock_grant")
-            .map_err(|_| column("lock_grant"))?;
-        grant
-            .set_by_name("lock_id", self.lock_id.clone())
-            .map_err(|_| column("lock_id"))?;
-        grant
-            .set_by_name("owner", self.owner.clone())
-            .map_err(|_| column("owner"))?;
-        grant
-            .set_by_name("fence_token", self.token)
-            .map_err(|_| column("fence_token"))?;
-        grant
-            .set_by_name("acquired_at", self.acquired_at)
-            .map_err(|_| column("acquired_at"))?;
-        grant
-            .set_by_name("expires_at", self.expires_at)
-            .map_err(|_| column("expires_at"))?;
-        Ok(grant)
+        let missing = LockError::MissingColumn { name: "lock_grant" };
+        let tupdesc = pgrx::PgTupleDesc::for_composite_type_by_oid(grant_type()?).ok_or(missing)?;
+        let datums = [
+            self.lock_id.clone().into_datum(),
+            self.owner.clone().into_datum(),
+            self.token.into_datum(),
+            self.acquired_at.into_datum(),
+            self.expires_at.into_datum(),
+        ];
+        unsafe { PgHeapTuple::from_datums(tupdesc, datums) }
+            .map_err(|_| LockError::MissingColumn { name: "lock_grant" })
     }
+}
+
+/// The oid of type lockext.lock_grant: two catalog-cache lookups (not kept: a reinstall in
+/// this backend may keep the schema and make the type anew).
+fn grant_type() -> Result<pg_sys::Oid, LockError> {
+    let schema = unsafe { pg_sys::get_namespace_oid(c"lockext".as_ptr(), true) };
+    let oid = unsafe {
+        pg_sys::GetSysCacheOid(
+            pg_sys::SysCacheIdentifier::TYPENAMENSP as i32,
+            pg_sys::Anum_pg_type_oid as pg_sys::AttrNumber,
+            pg_sys::Datum::from(c"lock_grant".as_ptr()),
+            pg_sys::Datum::from(schema),
+            pg_sys::Datum::from(0usize),
+            pg_sys::Datum::from(0usize),
+        )
+    };
+    if oid == pg_sys::InvalidOid {
+        return Err(LockError::MissingColumn { name: "lock_grant" });
+    }
+    Ok(oid)
 }
 
 /// The grant from an acquire statement's RETURNING (`grant_returning!`), if any.
