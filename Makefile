@@ -1,6 +1,7 @@
 # lockext: the conventional entry points, as thin wrappers over scripts/.
 #   make run            set up this machine, build, install, start a scratch cluster, psql
-#   make test           set up this machine, then run every test
+#   make test           set up this machine, then run every test (lint first)
+#   make lint           rustfmt --check and clippy -D warnings
 #   make install        build the extension (release) into the system PostgreSQL 15
 #   make installcheck   SQL spec (pg_regress) and concurrency spec (isolation) on the scratch cluster
 #   make bench          benchmarks side by side, report in bench/results/
@@ -17,7 +18,7 @@ REGRESS    := $(basename $(notdir $(wildcard tests/pg_regress/sql/*.sql)))
 ISOLATION  := $(basename $(notdir $(wildcard tests/isolation/specs/*.spec)))
 PGTEST_DIR := /tmp/lockext-pgtest
 
-.PHONY: bootstrap install run stop test unit installcheck cluster-test package bench bench-smoke deploy-test
+.PHONY: bootstrap install run stop test lint unit installcheck cluster-test package bench bench-smoke deploy-test
 
 bootstrap:
 	bash scripts/bootstrap.sh
@@ -46,12 +47,18 @@ stop:
 
 # Unit tests build a debug library into the same PostgreSQL, so `install` comes after them.
 test: bootstrap
+	$(MAKE) lint
 	$(MAKE) unit
 	$(MAKE) install
 	$(MAKE) installcheck
 	$(MAKE) cluster-test
 	$(MAKE) bench-smoke
 	$(MAKE) deploy-test
+
+# Formatting (rustfmt.toml) and clippy's warnings, as errors, for the extension's code.
+lint:
+	cargo fmt --all --check
+	cargo clippy --release --all-targets -p lockext -- -D warnings
 
 unit:
 	mkdir -p $(PGTEST_DIR) && chown postgres: $(PGTEST_DIR)

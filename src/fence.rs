@@ -6,9 +6,11 @@
 //! - `lockext.fence` (sql/fence.sql) checks and records the token inside the caller's own
 //!   transaction, so any write to any table in that transaction is fenced with it;
 //! - `lockext.fence_guard` (sql/fence.sql), a trigger keeping a fence per row of a user
-//!   table.
-//! The SQL wrappers raise the stale-token error themselves, with lockext's own SQLSTATE
-//! 55L01, which pgrx cannot carry through a Rust function.
+//!   table, whose writes without a token in the row use the one `declare_token` recorded.
+//!
+//! Readers check with `fence_read_check`. The SQL wrappers raise the stale-token error
+//! themselves, with lockext's own SQLSTATE 55L01, which pgrx cannot carry through a Rust
+//! function.
 
 use std::cell::Cell;
 
@@ -176,7 +178,12 @@ fn check_token(fence_token: Option<i64>) {
 #[pg_extern(volatile, parallel_unsafe)]
 #[search_path(pg_catalog, pg_temp)]
 fn exclusive_grant_live(lock_id: &str, fence_token: i64, holder_role: pg_sys::Oid) -> bool {
-    read_now(&EXCLUSIVE_GRANT_LIVE, lock_id, fence_token, Some(holder_role))
+    read_now(
+        &EXCLUSIVE_GRANT_LIVE,
+        lock_id,
+        fence_token,
+        Some(holder_role),
+    )
 }
 
 /// True while the grant with `fence_token` still holds a live lease on `lock_id`, by the
@@ -298,9 +305,9 @@ fn refusal(resource_id: &str, fence_token: i64) -> Result<Option<String>, LockEr
         }
     }
     Ok(match mark {
-        Some(mark) if mark > fence_token => {
-            Some(format!("A writer with fence token {mark} has written since."))
-        }
+        Some(mark) if mark > fence_token => Some(format!(
+            "A writer with fence token {mark} has written since."
+        )),
         _ => None,
     })
 }
@@ -316,6 +323,9 @@ fn read_now(
     if let Some(role) = role {
         args.push(role.into());
     }
-    Spi::connect_mut(|_| question.read_latest(&args).and_then(|row| row.get::<bool>(1)))
-        == Some(true)
+    Spi::connect_mut(|_| {
+        question
+            .read_latest(&args)
+            .and_then(|row| row.get::<bool>(1))
+    }) == Some(true)
 }

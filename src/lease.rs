@@ -779,14 +779,22 @@ fn grant_row(rows: pgrx::spi::SpiTupleTable<'_>) -> Result<Option<Granted>, Lock
         return Ok(None);
     }
     let row = rows.first();
-    let (Some(lock_id), Some(owner), Some(token), Some(acquired_at), Some(expires_at), Some(minted)) = (
+    let (
+        Some(lock_id),
+        Some(owner),
+        Some(token),
+        Some(acquired_at),
+        Some(expires_at),
+        Some(minted),
+    ) = (
         row.get::<String>(1)?,
         row.get::<String>(2)?,
         row.get::<i64>(3)?,
         row.get::<TimestampWithTimeZone>(4)?,
         row.get::<TimestampWithTimeZone>(5)?,
         row.get::<bool>(6)?,
-    ) else {
+    )
+    else {
         return Ok(None);
     };
     Ok(Some(Granted {
@@ -833,7 +841,8 @@ pub fn renew(
     let renewed = while_briefly_locked(&held, || {
         Spi::connect_mut(|client| {
             for statement in &RENEW {
-                let renewed = xact::kept_if_found(|| Ok(first_value(statement.run(client, &args)?)?))?;
+                let renewed =
+                    xact::kept_if_found(|| Ok(first_value(statement.run(client, &args)?)?))?;
                 if renewed.is_some() {
                     return Ok::<_, LockError>(renewed);
                 }

@@ -9,6 +9,7 @@
 //! `session.rs`), so no caller's or database's search_path can bend them.
 
 use std::cell::RefCell;
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::ffi::CString;
 
@@ -44,12 +45,14 @@ impl Statement {
         let key = self.sql;
         PLANS.with(|plans| {
             let mut plans = plans.borrow_mut();
-            if !plans.contains_key(&key) {
-                let oids: Vec<PgOid> = self.params.iter().map(|&o| PgOid::BuiltIn(o)).collect();
-                let plan = client.prepare_mut(self.sql, &oids)?.keep();
-                plans.insert(key, plan);
-            }
-            client.select(&plans[&key], None, args)
+            let plan = match plans.entry(key) {
+                Entry::Occupied(kept) => kept.into_mut(),
+                Entry::Vacant(slot) => {
+                    let oids: Vec<PgOid> = self.params.iter().map(|&o| PgOid::BuiltIn(o)).collect();
+                    slot.insert(client.prepare_mut(self.sql, &oids)?.keep())
+                }
+            };
+            client.select(&*plan, None, args)
         })
     }
 }

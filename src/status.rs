@@ -108,6 +108,8 @@ fn floor_char_boundary(bytes: &[u8], max: usize) -> usize {
 }
 
 /// One row per database that has a reaper: its process, its last round, its counts.
+// The row type is spelled out where pgrx reads its column names.
+#[allow(clippy::type_complexity)]
 #[pg_extern(volatile, parallel_safe)]
 #[search_path(pg_catalog, pg_temp)]
 fn reaper_status() -> TableIterator<

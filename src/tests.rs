@@ -141,9 +141,9 @@ mod tests {
             "SELECT lockext.fenced_update('acct', {a}, '{{\"by\":\"A\"}}')"
         ))
         .unwrap());
-        assert!(one::<bool>(&format!(
+        assert!(one::<bool>(
             "SELECT lockext.lock_renew('ledger@paused_holder_is_fen', 'A', '1 minute') IS NULL"
-        ))
+        )
         .unwrap());
         assert!(
             !one::<bool>("SELECT lockext.lock_release('ledger@paused_holder_is_fen', 'A')")

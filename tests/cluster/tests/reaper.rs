@@ -378,9 +378,11 @@ fn the_reaper_runs_no_function_a_member_planted_on_its_search_path() {
         .map(|r| r.get(0))
         .unwrap_or(0)
     };
-    eventually(Duration::from_secs(20), "ten rounds of the new reaper", || {
-        (rounds(&mut c) >= 10).then_some(())
-    });
+    eventually(
+        Duration::from_secs(20),
+        "ten rounds of the new reaper",
+        || (rounds(&mut c) >= 10).then_some(()),
+    );
     let ran: Vec<(String, String)> = c
         .query("SELECT who::text, what FROM public.ran", &[])
         .expect("read public.ran")
