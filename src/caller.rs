@@ -19,6 +19,7 @@ use std::cell::Cell;
 
 use pgrx::pg_sys;
 
+use crate::backend;
 use crate::error::LockError;
 use crate::statements::{first_value, Statement};
 
@@ -37,7 +38,7 @@ thread_local! {
 pub fn role() -> pg_sys::Oid {
     CALLER
         .with(|c| c.get())
-        .unwrap_or_else(|| unsafe { pg_sys::GetUserId() })
+        .unwrap_or_else(backend::current_user)
 }
 
 /// Restores the caller's user and security context, and the previous caller, when dropped:

@@ -26,6 +26,7 @@ use std::cell::{Cell, RefCell};
 
 use pgrx::{pg_sys, register_subxact_callback, PgSubXactCallbackEvent};
 
+use crate::backend;
 use crate::caller;
 use crate::error::LockError;
 
@@ -188,7 +189,7 @@ fn try_lock(tag: &pg_sys::LOCKTAG, mode: Mode) -> Option<bool> {
 /// collision only makes two ids contend for their gates, never for ownership.
 fn tag_of(kind: u16, key: u64) -> pg_sys::LOCKTAG {
     pg_sys::LOCKTAG {
-        locktag_field1: unsafe { pg_sys::MyDatabaseId }.to_u32(),
+        locktag_field1: backend::database().to_u32(),
         locktag_field2: (key >> 32) as u32,
         locktag_field3: key as u32,
         locktag_field4: kind,
@@ -212,7 +213,7 @@ thread_local! {
 
 /// This transaction's claims, reset when it is a new transaction.
 fn with_kept<R>(f: impl FnOnce(&mut Vec<(pg_sys::SubTransactionId, i32)>) -> R) -> R {
-    let lxid = unsafe { (*pg_sys::MyProc).lxid };
+    let lxid = backend::local_transaction();
     CLAIMS_KEPT.with(|kept| {
         let mut kept = kept.borrow_mut();
         if kept.0 != lxid {
@@ -224,7 +225,7 @@ fn with_kept<R>(f: impl FnOnce(&mut Vec<(pg_sys::SubTransactionId, i32)>) -> R) 
 
 /// Stops counting the claims of a subtransaction that rolls back, once per transaction.
 fn watch_subtransactions() {
-    let lxid = unsafe { (*pg_sys::MyProc).lxid };
+    let lxid = backend::local_transaction();
     if WATCHING.with(|w| w.replace(lxid)) == lxid {
         return;
     }

@@ -16,6 +16,8 @@ use std::cell::Cell;
 use pgrx::pg_sys;
 use pgrx::{register_xact_callback, PgXactCallbackEvent};
 
+use crate::backend;
+
 thread_local! {
     /// (local transaction id, end of WAL written by this transaction right after lockext's
     /// last renew/release in it): the commit may be relaxed if nothing was written since.
@@ -27,7 +29,7 @@ thread_local! {
 }
 
 fn local_xact() -> u32 {
-    unsafe { (*pg_sys::MyProc).lxid }
+    backend::local_transaction()
 }
 
 fn wal_end() -> u64 {

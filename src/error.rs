@@ -262,12 +262,3 @@ pub fn optional_token(arg: &'static str, value: Option<i64>) -> Result<Option<i6
         other => Ok(other),
     }
 }
-
-/// lockext writes on every call but lock_check-style reads; a standby cannot take writes,
-/// and would otherwise fail deep inside with a message that names no lease.
-pub fn writable_server() -> Result<(), LockError> {
-    if unsafe { pg_sys::RecoveryInProgress() } {
-        return Err(LockError::ReadOnlyServer);
-    }
-    Ok(())
-}

@@ -18,6 +18,7 @@ use pgrx::datum::DatumWithOid;
 use pgrx::pg_sys::{self, BuiltinOid::*};
 use pgrx::prelude::*;
 
+use crate::backend;
 use crate::caller;
 use crate::error::{self, LockError, OrReport};
 use crate::statements::{first_value, Statement};
@@ -153,7 +154,7 @@ fn declared_token() -> Option<i64> {
 
 /// The current transaction, as this backend numbers them, and the current role.
 fn this_writer() -> (pg_sys::LocalTransactionId, pg_sys::Oid) {
-    unsafe { ((*pg_sys::MyProc).lxid, pg_sys::GetUserId()) }
+    (backend::local_transaction(), backend::current_user())
 }
 
 fn declare(fence_token: Option<i64>) -> Result<(), LockError> {
@@ -235,7 +236,7 @@ fn advance(
     fence_token: i64,
     data: Option<pgrx::JsonB>,
 ) -> Result<bool, LockError> {
-    error::writable_server()?;
+    backend::writable_server()?;
     let accepted = Spi::connect_mut(|client| {
         token::require_issued(client, fence_token)?;
         let replace = data.is_some();

@@ -20,71 +20,22 @@ use pgrx::pg_sys::{self, BuiltinOid::*};
 use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
 
+use crate::backend;
 use crate::caller;
 use crate::claims;
 use crate::commit;
 use crate::error::{self, LockError, OrReport};
-use crate::session;
+use crate::grant::{
+    clear_dead, extend_own, millis, take, Args, Attempt, Granted, Kind, Request, ACQUIRE_PARAMS,
+    CLEAR_DEAD_SHARED,
+};
 use crate::settings;
 use crate::shared;
+use crate::sql::{grant_returning, grant_sets, ms_until};
 use crate::statements::{first_value, Statement};
 use crate::stats::{self, Counter};
-use crate::token;
 use crate::wait;
 use crate::xact;
-
-// Parameters shared by the acquire statements: $1 lock_id, $2 owner, $3 calling role,
-// $4 ttl, $5 now, $6 the new grant's token (`token::mint`, once the grant is decided),
-// $7 the new grant's lock-delay, $8 the session the lease is bound to (NULL: none), $9 the
-// semaphore's permits and $10 the permit's slot (shared_leases only).
-pub(crate) const ACQUIRE_PARAMS: &[pg_sys::PgBuiltInOids] = &[
-    TEXTOID,
-    TEXTOID,
-    OIDOID,
-    INTERVALOID,
-    TIMESTAMPTZOID,
-    INT8OID,
-    INTERVALOID,
-    TIMESTAMPTZOID,
-    INT4OID,
-    INT4OID,
-];
-
-/// Milliseconds from now ($5) to a time, for a waiter's nap.
-macro_rules! ms_until {
-    ($t:literal) => {
-        concat!("(extract(epoch FROM ", $t, " - $5) * 1000)::bigint")
-    };
-}
-pub(crate) use ms_until;
-
-/// What an acquire sets on the lease it grants, in either lease table; `c` is the row it
-/// took, with `same_grant` when that is the caller's own live lease.
-macro_rules! grant_sets {
-    () => {
-        concat!(
-            "owner = $2, holder_role = $3, \
-             fence_token = CASE WHEN c.same_grant THEN l.fence_token ELSE $6 END, \
-             acquired_at = CASE WHEN c.same_grant THEN l.acquired_at ELSE $5 END, \
-             expires_at = $5 + $4, \
-             renewals = CASE WHEN c.same_grant THEN l.renewals + 1 ELSE 0 END, \
-             lock_delay = $7, session_start = $8, \
-             taker_pid = pg_backend_pid(), \
-             application_name = current_setting('application_name'), \
-             client_addr = inet_client_addr()"
-        )
-    };
-}
-pub(crate) use grant_sets;
-
-/// What an acquire statement returns, as plain columns (`Granted`): the grant's, then
-/// whether it minted a token and the token it replaced (a take-over).
-macro_rules! grant_returning {
-    () => {
-        " RETURNING l.lock_id, l.owner, l.fence_token, l.acquired_at, l.expires_at, "
-    };
-}
-pub(crate) use grant_returning;
 
 // Read under the newest snapshot (`Statement::read_latest`), after passing the gate. Is
 // the lock held by someone else (live, or expired but within its lock-delay), and how
@@ -108,83 +59,6 @@ static PEEK: Statement = Statement {
     ),
     params: ACQUIRE_PARAMS,
 };
-
-// Dead leases of another kind, or in the slot a permit taker claimed, are deleted before
-// a grant that needs them dead, skipping any row that someone holds locked: a renewal that
-// got there first (it locks the row it extends). The answer is whether every dead row the
-// statement's snapshot shows is gone; if not, the grant is refused as if the lease were
-// live. So a renewal and a conflicting grant can never both succeed: whichever locks the
-// row first wins, and a renewal that comes second finds its row deleted. (Reading the
-// dead rows without deleting them, as 0.2.0 did, let a renewal paused after reading the
-// clock revive a lease that a conflicting grant had already seen expire.)
-macro_rules! clear_dead_sql {
-    ($table:literal, $key:literal, $same_row:literal, $which:literal) => {
-        concat!(
-            "WITH dead AS (SELECT ",
-            $key,
-            " FROM ",
-            $table,
-            " \
-                            WHERE lock_id = $1 AND expires_at + lock_delay <= $5 ",
-            $which,
-            " \
-                              FOR UPDATE SKIP LOCKED), \
-                  gone AS (DELETE FROM ",
-            $table,
-            " AS t USING dead \
-                            WHERE ",
-            $same_row,
-            " RETURNING 1) \
-             SELECT (SELECT count(*) FROM gone) = \
-                    (SELECT count(*) FROM ",
-            $table,
-            " \
-                      WHERE lock_id = $1 AND expires_at + lock_delay <= $5 ",
-            $which,
-            ")"
-        )
-    };
-}
-
-/// Before an exclusive grant: every dead shared lease and permit of the lock id.
-pub static CLEAR_DEAD_SHARED: Statement = Statement {
-    sql: clear_dead_sql!(
-        "lockext.shared_leases",
-        "lock_id, owner",
-        "t.lock_id = dead.lock_id AND t.owner = dead.owner",
-        ""
-    ),
-    params: ACQUIRE_PARAMS,
-};
-/// Before a shared lease or a permit: the dead exclusive lease of the lock id.
-pub static CLEAR_DEAD_EXCLUSIVE: Statement = Statement {
-    sql: clear_dead_sql!("lockext.locks", "lock_id", "t.lock_id = dead.lock_id", ""),
-    params: ACQUIRE_PARAMS,
-};
-/// Before a permit in slot $10: the dead permits of others in that slot.
-pub static CLEAR_DEAD_SLOT: Statement = Statement {
-    sql: clear_dead_sql!(
-        "lockext.shared_leases",
-        "lock_id, owner",
-        "t.lock_id = dead.lock_id AND t.owner = dead.owner",
-        "AND slot = $10 AND NOT (owner = $2 AND holder_role = $3)"
-    ),
-    params: ACQUIRE_PARAMS,
-};
-
-/// Runs a `CLEAR_DEAD_*` statement: whether every dead lease it looked for is gone. When
-/// not, nothing it did is kept (`xact::kept_if_found`): it may hold a renewed lease locked.
-pub fn clear_dead(
-    client: &mut SpiClient<'_>,
-    statement: &'static Statement,
-    args: &Args<'_>,
-) -> Result<bool, LockError> {
-    let cleared = xact::kept_if_found(|| {
-        let all_gone = first_value::<bool>(statement.run(client, &args[..])?)? == Some(true);
-        Ok(all_gone.then_some(()))
-    })?;
-    Ok(cleared.is_some())
-}
 
 // Takes over an expired lease, or extends the caller's own live one (same grant, same
 // token). Either way in place: there is no moment at which the lock id has no row.
@@ -299,97 +173,6 @@ static NOTIFY: Statement = Statement {
     params: &[TEXTOID, TEXTOID, INT8OID, INT8OID],
 };
 
-pub type Grant = pgrx::composite_type!('static, "lock_grant");
-
-/// What kind of lease an acquire asks for.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    Exclusive,
-    Shared,
-    Semaphore(i32),
-}
-
-impl Kind {
-    /// From lock_acquire's `mode` and `permits`; NULL means the default, as for `wait`.
-    pub fn parse(mode: Option<&str>, permits: Option<i32>) -> Result<Kind, LockError> {
-        let shared = match mode.unwrap_or("exclusive") {
-            "exclusive" => false,
-            "shared" => true,
-            other => {
-                return Err(LockError::UnknownMode {
-                    mode: other.to_string(),
-                })
-            }
-        };
-        match permits {
-            None if shared => Ok(Kind::Shared),
-            None => Ok(Kind::Exclusive),
-            Some(permits) if !(1..=error::MAX_PERMITS).contains(&permits) => {
-                Err(LockError::PermitsOutOfRange { permits })
-            }
-            Some(_) if shared => Err(LockError::SharedPermits),
-            Some(permits) => Ok(Kind::Semaphore(permits)),
-        }
-    }
-}
-
-/// A validated acquire: everything but the lock id is checked once, so that a set of locks
-/// (`sets.rs`) shares it.
-#[derive(Clone, Copy)]
-pub struct Request<'a> {
-    pub lock_id: &'a str,
-    pub owner: &'a str,
-    pub ttl: Interval,
-    pub wait: Duration,
-    pub lock_delay: Duration,
-    pub kind: Kind,
-    pub session: Option<TimestampWithTimeZone>,
-}
-
-impl<'a> Request<'a> {
-    #[allow(clippy::too_many_arguments)]
-    pub fn validate(
-        lock_id: &'a str,
-        owner: Option<&'a str>,
-        ttl: Option<Interval>,
-        wait: Option<Interval>,
-        lock_delay: Option<Interval>,
-        mode: Option<&str>,
-        permits: Option<i32>,
-        session_bound: Option<bool>,
-    ) -> Result<Request<'a>, LockError> {
-        let owner = error::identifier("owner", owner)?;
-        let ttl = error::ttl(ttl)?;
-        // NULL waits no more than the default does: not at all.
-        let wait = match wait {
-            None => Duration::ZERO,
-            some => error::duration("wait", some)?,
-        };
-        let lock_delay = match lock_delay {
-            None => Duration::from_millis(settings::LOCK_DELAY_MS.get() as u64),
-            some => error::duration("lock_delay", some)?,
-        };
-        let kind = Kind::parse(mode, permits)?;
-        error::writable_server()?;
-        if !wait.is_zero() && unsafe { pg_sys::XactIsoLevel } > pg_sys::XACT_READ_COMMITTED as i32 {
-            return Err(LockError::WaitNeedsReadCommitted);
-        }
-        let session = match session_bound {
-            Some(true) => Some(session::bind()?),
-            _ => None,
-        };
-        Ok(Request {
-            lock_id,
-            owner,
-            ttl,
-            wait,
-            lock_delay,
-            kind,
-            session,
-        })
-    }
-}
-
 /// Takes the lock `lock_id` for `owner` for `ttl`, waiting up to `wait` for it; NULL if
 /// it is not available. `lock_delay` (default: the lockext.lock_delay setting) keeps the
 /// lock unavailable that long after this grant's lease expires without a release. `mode`
@@ -459,7 +242,7 @@ pub fn acquire(request: &Request<'_>) -> Result<Option<Granted>, LockError> {
         request.owner.into(),
         caller::role().into(),
         request.ttl.into(),
-        server_now()?.into(),
+        backend::now()?.into(),
         DatumWithOid::null::<i64>(), // the token, minted once the grant is decided
         micros_interval(request.lock_delay).into(),
         request.session.into(),
@@ -492,8 +275,6 @@ pub fn acquire(request: &Request<'_>) -> Result<Option<Granted>, LockError> {
     Ok(Some(granted))
 }
 
-pub type Args<'a> = [DatumWithOid<'a>; 10];
-
 /// Queues for the lock and tries each time it is woken (or its nap ends), until the
 /// deadline. The server clock in `args` is read again before each try.
 fn wait_for(
@@ -506,7 +287,7 @@ fn wait_for(
     loop {
         let mut free_in = None;
         if ticket.may_try() {
-            args[4] = server_now()?.into();
+            args[4] = backend::now()?.into();
             let (granted, until_free) = attempt(request, args, ticket.number())?;
             if granted.is_some() {
                 return Ok(granted);
@@ -523,10 +304,6 @@ fn wait_for(
         wait::nap(deadline, nap);
     }
 }
-
-/// What one try came to: the grant, or none and, when the lock is held, how soon it will be
-/// free unless its holders renew.
-pub type Attempt = (Option<Granted>, Option<Duration>);
 
 /// One try at the lock, through its gate (`claims.rs`).
 fn attempt(request: &Request<'_>, args: &mut Args<'_>, ticket: u64) -> Result<Attempt, LockError> {
@@ -594,57 +371,6 @@ fn jumps_the_queue(request: &Request<'_>, ticket: u64) -> bool {
     !wait::may_try(request.lock_id, ticket, window)
 }
 
-// Extends the caller's own live lease, the same grant; never takes anything new.
-macro_rules! extend_sql {
-    ($table:literal) => {
-        concat!(
-            "UPDATE ", $table, " AS l SET ",
-            grant_sets!(),
-            " FROM (SELECT lock_id, owner, fence_token AS old_token, true AS same_grant \
-                      FROM ", $table, " \
-                     WHERE lock_id = $1 AND owner = $2 AND holder_role = $3 AND expires_at > $5 \
-                       FOR UPDATE SKIP LOCKED) AS c \
-              WHERE l.lock_id = c.lock_id AND l.owner = c.owner",
-            grant_returning!(),
-            "false, c.old_token"
-        )
-    };
-}
-
-static EXTEND: [Statement; 2] = [
-    Statement {
-        sql: extend_sql!("lockext.locks"),
-        params: ACQUIRE_PARAMS,
-    },
-    Statement {
-        sql: extend_sql!("lockext.shared_leases"),
-        params: ACQUIRE_PARAMS,
-    },
-];
-
-fn extend_own(
-    client: &mut SpiClient<'_>,
-    request: &Request<'_>,
-    args: &Args<'_>,
-) -> Result<Option<Granted>, LockError> {
-    let table = usize::from(request.kind != Kind::Exclusive);
-    grant_by(client, &EXTEND[table], args)
-}
-
-/// Runs an acquire statement that changes a lease row it locks `FOR UPDATE SKIP LOCKED`
-/// (an extension or a take-over), kept only if it granted. PostgreSQL keeps the lock of a
-/// row that fails the recheck of `FOR UPDATE` (changed since the statement's snapshot, by
-/// a holder's renewal for instance): a refused acquire inside a transaction that stays
-/// open would otherwise keep a live holder's row locked, and the holder's renewals would
-/// be refused until that transaction ended.
-fn grant_by(
-    client: &mut SpiClient<'_>,
-    statement: &'static Statement,
-    args: &[DatumWithOid<'_>],
-) -> Result<Option<Granted>, LockError> {
-    xact::kept_if_found(|| grant_row(statement.run(client, args)?))
-}
-
 fn attempt_exclusive(
     client: &mut SpiClient<'_>,
     request: &Request<'_>,
@@ -688,127 +414,6 @@ fn attempt_exclusive(
     ))
 }
 
-/// Grants the lease, past the gate and the look: the caller's own live lease is extended
-/// (the same grant, no new token); otherwise a token is minted and the lease row taken
-/// over if there is one, or inserted. An insert that finds the row created since the look
-/// takes that over instead.
-#[allow(clippy::too_many_arguments)]
-pub fn take(
-    client: &mut SpiClient<'_>,
-    request: &Request<'_>,
-    args: &mut Args<'_>,
-    mine_live: bool,
-    row_exists: bool,
-    take_over: &'static Statement,
-    insert: &'static Statement,
-) -> Result<Option<Granted>, LockError> {
-    if mine_live {
-        if let Some(grant) = extend_own(client, request, args)? {
-            return Ok(Some(grant));
-        }
-    }
-    args[5] = token::mint(client)?.into();
-    let args = &args[..];
-    if row_exists {
-        return grant_by(client, take_over, args);
-    }
-    // ON CONFLICT DO NOTHING locks nothing: no subtransaction is needed for the insert.
-    match grant_row(insert.run(client, args)?)? {
-        Some(grant) => Ok(Some(grant)),
-        None => grant_by(client, take_over, args),
-    }
-}
-
-pub fn millis(ms: i64) -> Duration {
-    Duration::from_millis(ms.max(0) as u64)
-}
-
-/// A grant, in plain values: a composite value made inside a subtransaction would hold a
-/// tuple descriptor owned by it, gone once it ends (`to_grant` makes lockext.lock_grant).
-pub struct Granted {
-    pub lock_id: String,
-    pub owner: String,
-    pub token: i64,
-    pub acquired_at: TimestampWithTimeZone,
-    pub expires_at: TimestampWithTimeZone,
-    pub minted: bool,
-    pub took_over: bool, // an expired lease of someone else's taken over in place
-    pub previous_token: Option<i64>,
-}
-
-impl Granted {
-    /// lock_acquire's result, a `lockext.lock_grant`, formed in one go.
-    pub fn to_grant(&self) -> Result<Grant, LockError> {
-        let missing = LockError::MissingColumn { name: "lock_grant" };
-        let tupdesc = pgrx::PgTupleDesc::for_composite_type_by_oid(grant_type()?).ok_or(missing)?;
-        let datums = [
-            self.lock_id.clone().into_datum(),
-            self.owner.clone().into_datum(),
-            self.token.into_datum(),
-            self.acquired_at.into_datum(),
-            self.expires_at.into_datum(),
-        ];
-        unsafe { PgHeapTuple::from_datums(tupdesc, datums) }
-            .map_err(|_| LockError::MissingColumn { name: "lock_grant" })
-    }
-}
-
-/// The oid of type lockext.lock_grant: two catalog-cache lookups (not kept: a reinstall in
-/// this backend may keep the schema and make the type anew).
-fn grant_type() -> Result<pg_sys::Oid, LockError> {
-    let schema = unsafe { pg_sys::get_namespace_oid(c"lockext".as_ptr(), true) };
-    let oid = unsafe {
-        pg_sys::GetSysCacheOid(
-            pg_sys::SysCacheIdentifier::TYPENAMENSP as i32,
-            pg_sys::Anum_pg_type_oid as pg_sys::AttrNumber,
-            pg_sys::Datum::from(c"lock_grant".as_ptr()),
-            pg_sys::Datum::from(schema),
-            pg_sys::Datum::from(0usize),
-            pg_sys::Datum::from(0usize),
-        )
-    };
-    if oid == pg_sys::InvalidOid {
-        return Err(LockError::MissingColumn { name: "lock_grant" });
-    }
-    Ok(oid)
-}
-
-/// The grant from an acquire statement's RETURNING (`grant_returning!`), if any.
-fn grant_row(rows: pgrx::spi::SpiTupleTable<'_>) -> Result<Option<Granted>, LockError> {
-    if rows.is_empty() {
-        return Ok(None);
-    }
-    let row = rows.first();
-    let (
-        Some(lock_id),
-        Some(owner),
-        Some(token),
-        Some(acquired_at),
-        Some(expires_at),
-        Some(minted),
-    ) = (
-        row.get::<String>(1)?,
-        row.get::<String>(2)?,
-        row.get::<i64>(3)?,
-        row.get::<TimestampWithTimeZone>(4)?,
-        row.get::<TimestampWithTimeZone>(5)?,
-        row.get::<bool>(6)?,
-    )
-    else {
-        return Ok(None);
-    };
-    Ok(Some(Granted {
-        lock_id,
-        owner,
-        token,
-        acquired_at,
-        expires_at,
-        minted,
-        took_over: false,
-        previous_token: row.get::<i64>(7)?,
-    }))
-}
-
 pub fn renew(
     lock_id: Option<&str>,
     owner: Option<&str>,
@@ -819,8 +424,8 @@ pub fn renew(
     let owner = error::identifier("owner", owner)?;
     let ttl = error::ttl(ttl)?;
     let fence_token = error::optional_token("fence_token", fence_token)?;
-    error::writable_server()?;
-    let now = server_now()?;
+    backend::writable_server()?;
+    let now = backend::now()?;
     let args = [
         DatumWithOid::from(lock_id),
         owner.into(),
@@ -867,7 +472,7 @@ pub fn release(
     let lock_id = error::identifier("lock_id", lock_id)?;
     let owner = error::identifier("owner", owner)?;
     let fence_token = error::optional_token("fence_token", fence_token)?;
-    error::writable_server()?;
+    backend::writable_server()?;
     release_valid(lock_id, owner, fence_token)
 }
 
@@ -881,7 +486,7 @@ pub fn release_valid(
         DatumWithOid::from(lock_id),
         owner.into(),
         caller::role().into(),
-        server_now()?.into(),
+        backend::now()?.into(),
         fence_token.into(),
     ];
     let only_leases = commit::only_leases_so_far();
@@ -989,11 +594,4 @@ pub fn notify(
 fn micros_interval(d: Duration) -> Interval {
     Interval::new(0, 0, d.as_micros() as i64)
         .unwrap_or_else(|_| Interval::new(0, 0, 0).expect("zero"))
-}
-
-/// The server's clock now: what `clock_timestamp()` returns. Never the transaction's start
-/// (`now()`), which inside a long transaction would make leases look younger than they are.
-pub fn server_now() -> Result<TimestampWithTimeZone, LockError> {
-    let now = unsafe { pg_sys::GetCurrentTimestamp() };
-    TimestampWithTimeZone::try_from(now).map_err(|_| LockError::ClockOutOfRange)
 }

@@ -4,18 +4,21 @@
 
 use pgrx::prelude::*;
 
+mod backend;
 mod caller;
 mod claims;
 mod commit;
 mod eras;
 mod error;
 mod fence;
+mod grant;
 mod lease;
 mod reaper;
 mod session;
 mod sets;
 mod settings;
 mod shared;
+mod sql;
 mod statements;
 mod stats;
 mod status;

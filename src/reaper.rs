@@ -27,8 +27,10 @@ use pgrx::datum::DatumWithOid;
 use pgrx::pg_sys::BuiltinOid::*;
 use pgrx::prelude::*;
 
+use crate::backend;
 use crate::error::LockError;
 use crate::settings;
+use crate::sql::{end_sessions_in, with_events};
 use crate::statements::{first_value, Statement};
 use crate::status::Reporter;
 use crate::xact::in_transaction;
@@ -89,22 +91,6 @@ macro_rules! reap_expired_sql {
     };
 }
 
-/// The rows of CTE `reaped` (lock_id, fence_token of each lease ended), each with an event
-/// for LISTENers when parameter `$notify` (lockext.notify) is true.
-macro_rules! with_events {
-    ($event:literal, $notify:literal, $($ctes:tt)*) => {
-        concat!(
-            "WITH ", $($ctes)*, " \
-             SELECT lock_id, \
-                    CASE WHEN ", $notify, " THEN pg_catalog.pg_notify('lockext', pg_catalog.json_build_object( \
-                        'event', '", $event, "', 'lock_id', lock_id, 'fence_token', fence_token, \
-                        'previous_fence_token', NULL)::text) END \
-               FROM reaped"
-        )
-    };
-}
-pub(crate) use with_events;
-
 // What one batch deletes, $1 leases at most per statement: expired exclusive leases,
 // expired shared leases and permits.
 static REAP: [Statement; 2] = [
@@ -156,7 +142,7 @@ static END_LOCKED_SESSIONS: Statement = Statement {
     sql: with_events!(
         "session_ended",
         "$1",
-        crate::session::end_sessions_in!(
+        end_sessions_in!(
             "x",
             "lockext.locks",
             concat!(
@@ -166,7 +152,7 @@ static END_LOCKED_SESSIONS: Statement = Statement {
             ""
         ),
         ", ",
-        crate::session::end_sessions_in!(
+        end_sessions_in!(
             "sh",
             "lockext.shared_leases",
             concat!(
@@ -273,7 +259,7 @@ impl Launcher {
             .set_function("lockext_reaper_main")
             .enable_spi_access()
             .set_extra(&db)
-            .set_notify_pid(unsafe { pg_sys::MyProcPid })
+            .set_notify_pid(backend::pid())
             .set_restart_time(None)
             .load_dynamic();
         match started {
@@ -346,12 +332,10 @@ pub extern "C-unwind" fn lockext_reaper_main(_arg: pg_sys::Datum) {
             pg_sys::GucSource::PGC_S_OVERRIDE,
         )
     };
-    let reporter = Reporter::claim(unsafe { pg_sys::MyDatabaseId }, unsafe {
-        pg_sys::MyProcPid
-    });
+    let reporter = Reporter::claim(backend::database(), backend::pid());
     let mut reported_no_extension = false;
     loop {
-        if !unsafe { pg_sys::RecoveryInProgress() } {
+        if !backend::in_recovery() {
             match reap_round(&reporter) {
                 Ok(reaped) => {
                     reported_no_extension = false;
@@ -421,7 +405,7 @@ pub fn reap_batch(limit: i32) -> Result<(u64, bool), LockError> {
         let args = [
             DatumWithOid::from(limit),
             settings::NOTIFY.get().into(),
-            crate::lease::server_now()?.into(),
+            backend::now()?.into(),
         ];
         let (mut total, mut more) = (0, false);
         let ended = |rows: pgrx::spi::SpiTupleTable<'_>| -> Result<u64, LockError> {

@@ -18,53 +18,16 @@ use std::ffi::c_int;
 use pgrx::pg_sys::BuiltinOid::*;
 use pgrx::prelude::*;
 
+use crate::backend;
 use crate::error::LockError;
 use crate::settings;
+use crate::sql::{end_sessions_sql, with_events};
 use crate::statements::Statement;
 use crate::xact::in_transaction;
 
-/// A CTE `$name` deleting the session-bound leases of `$table` whose rows `s` match
-/// `$which`, `$limit` at most; it returns lock_id and fence_token of each.
-macro_rules! end_sessions_in {
-    ($name:literal, $table:literal, $which:expr, $limit:literal) => {
-        concat!(
-            $name,
-            " AS (DELETE FROM ",
-            $table,
-            " AS l \
-                    USING (SELECT lock_id, owner FROM ",
-            $table,
-            " AS s \
-                            WHERE s.session_start IS NOT NULL AND ",
-            $which,
-            " ",
-            $limit,
-            " \
-                              FOR UPDATE SKIP LOCKED) AS c \
-                    WHERE l.lock_id = c.lock_id AND l.owner = c.owner \
-                   RETURNING l.lock_id, l.fence_token)"
-        )
-    };
-}
-pub(crate) use end_sessions_in;
-
-/// Deletes session-bound leases from both lease tables: those of rows `s` matching `$which`,
-/// `$limit` of each at most: CTEs that end with `reaped` (lock_id, fence_token of each).
-macro_rules! end_sessions_sql {
-    ($which:literal, $limit:literal) => {
-        concat!(
-            $crate::session::end_sessions_in!("x", "lockext.locks", $which, $limit),
-            ", ",
-            $crate::session::end_sessions_in!("sh", "lockext.shared_leases", $which, $limit),
-            ", reaped AS (SELECT lock_id, fence_token FROM x \
-                          UNION ALL SELECT lock_id, fence_token FROM sh)"
-        )
-    };
-}
-
 // The exiting backend's own leases ($1 its pid, $2 its start); $3: send events.
 static END_MINE: Statement = Statement {
-    sql: crate::reaper::with_events!(
+    sql: with_events!(
         "session_ended",
         "$3",
         end_sessions_sql!("s.taker_pid = $1 AND s.session_start = $2", "")
@@ -91,8 +54,7 @@ pub fn bind() -> Result<TimestampWithTimeZone, LockError> {
     if !settings::SESSION_LEASES.get() {
         return Err(LockError::SessionLeasesOff);
     }
-    let started = TimestampWithTimeZone::try_from(unsafe { pg_sys::MyStartTimestamp })
-        .map_err(|_| LockError::ClockOutOfRange)?;
+    let started = backend::started()?;
     if !BOUND.get() {
         unsafe { pg_sys::before_shmem_exit(Some(end_at_exit), pg_sys::Datum::from(0)) };
         BOUND.set(true);
@@ -116,10 +78,8 @@ unsafe extern "C-unwind" fn end_at_exit(_code: c_int, _arg: pg_sys::Datum) {
         Spi::connect_mut(|client| {
             EXIT_SETTINGS.run(client, &[])?;
             let args = [
-                unsafe { pg_sys::MyProcPid }.into(),
-                TimestampWithTimeZone::try_from(unsafe { pg_sys::MyStartTimestamp })
-                    .ok()
-                    .into(),
+                backend::pid().into(),
+                backend::started().ok().into(),
                 settings::NOTIFY.get().into(),
             ];
             let rows = END_MINE.run(client, &args)?;

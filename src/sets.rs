@@ -10,9 +10,11 @@ use std::time::Instant;
 
 use pgrx::prelude::*;
 
+use crate::backend;
 use crate::caller;
 use crate::error::{self, LockError, OrReport};
-use crate::lease::{self, Request};
+use crate::grant::Request;
+use crate::lease;
 use crate::xact;
 
 /// Takes every lock in `lock_ids` for `owner`, or none: one grant per distinct lock id, in
@@ -93,7 +95,7 @@ fn release_all(
 ) -> Result<i32, LockError> {
     let ids = sorted_ids(lock_ids)?;
     let owner = error::identifier("owner", owner)?;
-    error::writable_server()?;
+    backend::writable_server()?;
     let mut released = 0;
     for id in &ids {
         if lease::release_valid(id, owner, None)? {

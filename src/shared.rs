@@ -17,15 +17,16 @@
 use std::collections::HashSet;
 
 use pgrx::datum::DatumWithOid;
-use pgrx::pg_sys;
 use pgrx::spi::SpiClient;
 
+use crate::backend;
 use crate::claims;
 use crate::error::LockError;
-use crate::lease::{
-    clear_dead, grant_returning, grant_sets, millis, ms_until, take, Args, Attempt, Kind, Request,
-    ACQUIRE_PARAMS, CLEAR_DEAD_EXCLUSIVE, CLEAR_DEAD_SLOT,
+use crate::grant::{
+    clear_dead, millis, take, Args, Attempt, Kind, Request, ACQUIRE_PARAMS, CLEAR_DEAD_EXCLUSIVE,
+    CLEAR_DEAD_SLOT,
 };
+use crate::sql::{grant_returning, grant_sets, ms_until};
 use crate::statements::Statement;
 
 // Read under the newest snapshot, after passing the gate: is there a live exclusive lease,
@@ -229,7 +230,7 @@ fn claim_free_slot(
         .filter_map(|row| row.get::<i32>(1))
         .collect();
     let free: Vec<i32> = (1..=permits).filter(|s| !taken.contains(s)).collect();
-    let start = unsafe { pg_sys::MyProcPid } as usize;
+    let start = backend::pid() as usize;
     for i in 0..free.len() {
         let slot = free[(start + i) % free.len()];
         let Some(claim) = claims::try_claim_slot(lock_id, slot)? else {

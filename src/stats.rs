@@ -8,6 +8,7 @@ use std::time::Instant;
 use pgrx::prelude::*;
 use pgrx::{pg_shmem_init, PGRXSharedMemory, PgAtomic};
 
+use crate::backend;
 use crate::settings;
 
 /// Upper bounds (microseconds) of the acquire latency buckets; the last bucket is open.
@@ -141,8 +142,6 @@ fn stats_reset() {
         .iter()
         .chain(shm.latency.iter())
         .for_each(|c| c.store(0, Ordering::Relaxed));
-    shm.reset_at.store(
-        unsafe { pg_sys::GetCurrentTimestamp() } as u64,
-        Ordering::Relaxed,
-    );
+    shm.reset_at
+        .store(backend::clock() as u64, Ordering::Relaxed);
 }

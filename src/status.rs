@@ -6,6 +6,8 @@ use pgrx::lwlock::PgLwLock;
 use pgrx::prelude::*;
 use pgrx::{pg_shmem_init, PGRXSharedMemory};
 
+use crate::backend;
+
 /// Reapers that can report at once; more databases than this still get reaped.
 const SLOTS: usize = 16;
 const ERROR_BYTES: usize = 240;
@@ -79,7 +81,7 @@ impl Reporter {
     }
 
     pub fn round_done(&self, reaped: u64, error: Option<&str>) {
-        let now = unsafe { pg_sys::GetCurrentTimestamp() };
+        let now = backend::clock();
         self.update(|slot| {
             slot.rounds += 1;
             slot.last_run = now;

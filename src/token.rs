@@ -59,6 +59,7 @@ use pgrx::pg_sys::{self, BuiltinOid::*};
 use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
 
+use crate::backend;
 use crate::eras::{self, Current, Record};
 use crate::error::LockError;
 use crate::settings::{self, Durability};
@@ -160,7 +161,7 @@ impl History {
         Ok(History {
             system: unsafe { pg_sys::GetSystemIdentifier() },
             timeline: unsafe { pg_sys::GetWALInsertionTimeLine() },
-            database: unsafe { pg_sys::MyDatabaseId }.to_u32(),
+            database: backend::database().to_u32(),
             sequence: sequence_oid()?,
         })
     }
@@ -523,7 +524,7 @@ pub fn require_issued(client: &mut SpiClient<'_>, token: i64) -> Result<(), Lock
 #[search_path(pg_catalog, pg_temp)]
 fn token_era() -> TableIterator<'static, (name!(layout, i32), name!(era, i32))> {
     (|| {
-        crate::error::writable_server()?;
+        crate::backend::writable_server()?;
         Spi::connect_mut(|client| {
             let in_force = in_force(true)?;
             if !in_force.row_confirmed {

@@ -19,6 +19,7 @@ use pgrx::lwlock::PgLwLock;
 use pgrx::prelude::*;
 use pgrx::{pg_shmem_init, PGRXSharedMemory, PgAtomic};
 
+use crate::backend;
 use crate::error::MAX_ID_BYTES;
 use crate::settings;
 
@@ -82,7 +83,7 @@ pub fn init_shared_memory() {
 /// The queue key of a lock id in this database.
 fn key_of(lock_id: &str) -> (u32, u64) {
     (
-        unsafe { pg_sys::MyDatabaseId }.to_u32(),
+        backend::database().to_u32(),
         crate::claims::fnv1a(lock_id.as_bytes()),
     )
 }
@@ -147,9 +148,9 @@ impl Ticket {
             ticket: number,
             database,
             key,
-            procno: unsafe { (*pg_sys::MyProc).pgprocno },
-            pid: unsafe { pg_sys::MyProcPid },
-            since: unsafe { pg_sys::GetCurrentTimestamp() },
+            procno: backend::procno(),
+            pid: backend::pid(),
+            since: backend::clock(),
             id_len: lock_id.len() as u16,
             id,
         };
@@ -206,7 +207,7 @@ fn leave_queue_at_exit() {
 unsafe extern "C-unwind" fn leave_at_exit(_code: std::ffi::c_int, _arg: pg_sys::Datum) {
     // An exit can begin anywhere; the queue's lock must not be ours already.
     unsafe { pg_sys::LWLockReleaseAll() };
-    let pid = unsafe { pg_sys::MyProcPid };
+    let pid = backend::pid();
     let left: Vec<String> = {
         let mut queue = QUEUE.exclusive();
         let mut left = Vec::new();
@@ -334,11 +335,11 @@ fn waiters() -> TableIterator<
     // may read all statistics (a lock id can name a customer, a job, a file).
     let all = unsafe {
         pg_sys::has_privs_of_role(
-            pg_sys::GetUserId(),
+            backend::current_user(),
             pg_sys::Oid::from(pg_sys::ROLE_PG_READ_ALL_STATS),
         )
     };
-    let here = unsafe { pg_sys::MyDatabaseId }.to_u32();
+    let here = backend::database().to_u32();
     let rows: Vec<_> = slots
         .iter()
         .filter(|s| all || s.database == here)

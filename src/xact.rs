@@ -5,6 +5,7 @@ use std::panic::AssertUnwindSafe;
 use pgrx::pg_sys::panic::CaughtError;
 use pgrx::prelude::*;
 
+use crate::backend;
 use crate::error::LockError;
 
 /// Runs `body` in a transaction of its own: committed when it returns Ok, rolled back when
@@ -102,7 +103,7 @@ pub fn all_or_nothing<T>(
 pub fn kept_if_found<T>(
     statement: impl FnOnce() -> Result<Option<T>, LockError>,
 ) -> Result<Option<T>, LockError> {
-    if unsafe { pg_sys::IsTransactionBlock() } {
+    if backend::in_transaction_block() {
         all_or_nothing(statement)
     } else {
         statement()

@@ -468,7 +468,7 @@ fn a_refused_shared_acquire_keeps_no_lock_on_a_renewed_exclusive_lease() {
         h_mode: "exclusive",
         r_kind: "mode => 'shared'",
         r_statement: "CLEAR_DEAD_EXCLUSIVE",
-        r_frames: &["lockext::lease::clear_dead", "lockext::shared::attempt"],
+        r_frames: &["lockext::grant::clear_dead", "lockext::shared::attempt"],
         table: "lockext.locks",
     });
 }
@@ -482,7 +482,7 @@ fn a_refused_exclusive_acquire_keeps_no_lock_on_a_renewed_shared_lease() {
         r_kind: "",
         r_statement: "CLEAR_DEAD_SHARED",
         r_frames: &[
-            "lockext::lease::clear_dead",
+            "lockext::grant::clear_dead",
             "lockext::lease::attempt", // attempt_exclusive, inlined into it or not
         ],
         table: "lockext.shared_leases",
@@ -497,7 +497,7 @@ fn a_refused_take_over_keeps_no_lock_on_a_renewed_exclusive_lease() {
         h_mode: "exclusive",
         r_kind: "",
         r_statement: "TAKE_OVER",
-        r_frames: &["lockext::lease::take"],
+        r_frames: &["lockext::grant::take"],
         table: "lockext.locks",
     });
 }
@@ -510,7 +510,7 @@ fn a_refused_permit_keeps_no_lock_on_a_renewed_permit_in_its_slot() {
         h_mode: "permit",
         r_kind: "permits => 1",
         r_statement: "CLEAR_DEAD_SLOT",
-        r_frames: &["lockext::lease::clear_dead", "lockext::shared::attempt"],
+        r_frames: &["lockext::grant::clear_dead", "lockext::shared::attempt"],
         table: "lockext.shared_leases",
     });
 }

@@ -1,0 +1,351 @@
+//! Granting a lease, whatever its kind: what an acquire asks for (`Request`, `Kind`), the
+//! parameters its statements share (`ACQUIRE_PARAMS`, `Args`), and the steps every kind
+//! takes once it is past its gate and its look: the deletion of dead leases of another
+//! kind (`clear_dead`), the extension of the caller's own live lease (`extend_own`), and
+//! the grant itself (`take`: a token minted, the row taken over or inserted), ending in a
+//! `Granted`. `lease.rs` (exclusive leases) and `shared.rs` (shared leases and permits)
+//! use these; neither uses the other's statements.
+
+use std::time::Duration;
+
+use pgrx::datum::DatumWithOid;
+use pgrx::pg_sys::{self, BuiltinOid::*};
+use pgrx::prelude::*;
+use pgrx::spi::SpiClient;
+
+use crate::backend;
+use crate::error::{self, LockError};
+use crate::session;
+use crate::settings;
+use crate::sql::{clear_dead_sql, grant_returning, grant_sets};
+use crate::statements::{first_value, Statement};
+use crate::token;
+use crate::xact;
+
+pub type Grant = pgrx::composite_type!('static, "lock_grant");
+
+// Parameters shared by the acquire statements: $1 lock_id, $2 owner, $3 calling role,
+// $4 ttl, $5 now, $6 the new grant's token (`token::mint`, once the grant is decided),
+// $7 the new grant's lock-delay, $8 the session the lease is bound to (NULL: none), $9 the
+// semaphore's permits and $10 the permit's slot (shared_leases only).
+pub(crate) const ACQUIRE_PARAMS: &[pg_sys::PgBuiltInOids] = &[
+    TEXTOID,
+    TEXTOID,
+    OIDOID,
+    INTERVALOID,
+    TIMESTAMPTZOID,
+    INT8OID,
+    INTERVALOID,
+    TIMESTAMPTZOID,
+    INT4OID,
+    INT4OID,
+];
+
+/// Before an exclusive grant: every dead shared lease and permit of the lock id.
+pub static CLEAR_DEAD_SHARED: Statement = Statement {
+    sql: clear_dead_sql!(
+        "lockext.shared_leases",
+        "lock_id, owner",
+        "t.lock_id = dead.lock_id AND t.owner = dead.owner",
+        ""
+    ),
+    params: ACQUIRE_PARAMS,
+};
+
+/// Before a shared lease or a permit: the dead exclusive lease of the lock id.
+pub static CLEAR_DEAD_EXCLUSIVE: Statement = Statement {
+    sql: clear_dead_sql!("lockext.locks", "lock_id", "t.lock_id = dead.lock_id", ""),
+    params: ACQUIRE_PARAMS,
+};
+
+/// Before a permit in slot $10: the dead permits of others in that slot.
+pub static CLEAR_DEAD_SLOT: Statement = Statement {
+    sql: clear_dead_sql!(
+        "lockext.shared_leases",
+        "lock_id, owner",
+        "t.lock_id = dead.lock_id AND t.owner = dead.owner",
+        "AND slot = $10 AND NOT (owner = $2 AND holder_role = $3)"
+    ),
+    params: ACQUIRE_PARAMS,
+};
+
+/// Runs a `CLEAR_DEAD_*` statement: whether every dead lease it looked for is gone. When
+/// not, nothing it did is kept (`xact::kept_if_found`): it may hold a renewed lease locked.
+pub fn clear_dead(
+    client: &mut SpiClient<'_>,
+    statement: &'static Statement,
+    args: &Args<'_>,
+) -> Result<bool, LockError> {
+    let cleared = xact::kept_if_found(|| {
+        let all_gone = first_value::<bool>(statement.run(client, &args[..])?)? == Some(true);
+        Ok(all_gone.then_some(()))
+    })?;
+    Ok(cleared.is_some())
+}
+
+/// What kind of lease an acquire asks for.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Exclusive,
+    Shared,
+    Semaphore(i32),
+}
+
+impl Kind {
+    /// From lock_acquire's `mode` and `permits`; NULL means the default, as for `wait`.
+    pub fn parse(mode: Option<&str>, permits: Option<i32>) -> Result<Kind, LockError> {
+        let shared = match mode.unwrap_or("exclusive") {
+            "exclusive" => false,
+            "shared" => true,
+            other => {
+                return Err(LockError::UnknownMode {
+                    mode: other.to_string(),
+                })
+            }
+        };
+        match permits {
+            None if shared => Ok(Kind::Shared),
+            None => Ok(Kind::Exclusive),
+            Some(permits) if !(1..=error::MAX_PERMITS).contains(&permits) => {
+                Err(LockError::PermitsOutOfRange { permits })
+            }
+            Some(_) if shared => Err(LockError::SharedPermits),
+            Some(permits) => Ok(Kind::Semaphore(permits)),
+        }
+    }
+}
+
+/// A validated acquire: everything but the lock id is checked once, so that a set of locks
+/// (`sets.rs`) shares it.
+#[derive(Clone, Copy)]
+pub struct Request<'a> {
+    pub lock_id: &'a str,
+    pub owner: &'a str,
+    pub ttl: Interval,
+    pub wait: Duration,
+    pub lock_delay: Duration,
+    pub kind: Kind,
+    pub session: Option<TimestampWithTimeZone>,
+}
+
+impl<'a> Request<'a> {
+    #[allow(clippy::too_many_arguments)]
+    pub fn validate(
+        lock_id: &'a str,
+        owner: Option<&'a str>,
+        ttl: Option<Interval>,
+        wait: Option<Interval>,
+        lock_delay: Option<Interval>,
+        mode: Option<&str>,
+        permits: Option<i32>,
+        session_bound: Option<bool>,
+    ) -> Result<Request<'a>, LockError> {
+        let owner = error::identifier("owner", owner)?;
+        let ttl = error::ttl(ttl)?;
+        // NULL waits no more than the default does: not at all.
+        let wait = match wait {
+            None => Duration::ZERO,
+            some => error::duration("wait", some)?,
+        };
+        let lock_delay = match lock_delay {
+            None => Duration::from_millis(settings::LOCK_DELAY_MS.get() as u64),
+            some => error::duration("lock_delay", some)?,
+        };
+        let kind = Kind::parse(mode, permits)?;
+        backend::writable_server()?;
+        if !wait.is_zero() && backend::snapshot_per_transaction() {
+            return Err(LockError::WaitNeedsReadCommitted);
+        }
+        let session = match session_bound {
+            Some(true) => Some(session::bind()?),
+            _ => None,
+        };
+        Ok(Request {
+            lock_id,
+            owner,
+            ttl,
+            wait,
+            lock_delay,
+            kind,
+            session,
+        })
+    }
+}
+
+pub type Args<'a> = [DatumWithOid<'a>; 10];
+
+/// What one try came to: the grant, or none and, when the lock is held, how soon it will be
+/// free unless its holders renew.
+pub type Attempt = (Option<Granted>, Option<Duration>);
+
+// Extends the caller's own live lease, the same grant; never takes anything new.
+macro_rules! extend_sql {
+    ($table:literal) => {
+        concat!(
+            "UPDATE ", $table, " AS l SET ",
+            grant_sets!(),
+            " FROM (SELECT lock_id, owner, fence_token AS old_token, true AS same_grant \
+                      FROM ", $table, " \
+                     WHERE lock_id = $1 AND owner = $2 AND holder_role = $3 AND expires_at > $5 \
+                       FOR UPDATE SKIP LOCKED) AS c \
+              WHERE l.lock_id = c.lock_id AND l.owner = c.owner",
+            grant_returning!(),
+            "false, c.old_token"
+        )
+    };
+}
+
+static EXTEND: [Statement; 2] = [
+    Statement {
+        sql: extend_sql!("lockext.locks"),
+        params: ACQUIRE_PARAMS,
+    },
+    Statement {
+        sql: extend_sql!("lockext.shared_leases"),
+        params: ACQUIRE_PARAMS,
+    },
+];
+
+pub fn extend_own(
+    client: &mut SpiClient<'_>,
+    request: &Request<'_>,
+    args: &Args<'_>,
+) -> Result<Option<Granted>, LockError> {
+    let table = usize::from(request.kind != Kind::Exclusive);
+    grant_by(client, &EXTEND[table], args)
+}
+
+/// Runs an acquire statement that changes a lease row it locks `FOR UPDATE SKIP LOCKED`
+/// (an extension or a take-over), kept only if it granted. PostgreSQL keeps the lock of a
+/// row that fails the recheck of `FOR UPDATE` (changed since the statement's snapshot, by
+/// a holder's renewal for instance): a refused acquire inside a transaction that stays
+/// open would otherwise keep a live holder's row locked, and the holder's renewals would
+/// be refused until that transaction ended.
+fn grant_by(
+    client: &mut SpiClient<'_>,
+    statement: &'static Statement,
+    args: &[DatumWithOid<'_>],
+) -> Result<Option<Granted>, LockError> {
+    xact::kept_if_found(|| grant_row(statement.run(client, args)?))
+}
+
+/// Grants the lease, past the gate and the look: the caller's own live lease is extended
+/// (the same grant, no new token); otherwise a token is minted and the lease row taken
+/// over if there is one, or inserted. An insert that finds the row created since the look
+/// takes that over instead.
+#[allow(clippy::too_many_arguments)]
+pub fn take(
+    client: &mut SpiClient<'_>,
+    request: &Request<'_>,
+    args: &mut Args<'_>,
+    mine_live: bool,
+    row_exists: bool,
+    take_over: &'static Statement,
+    insert: &'static Statement,
+) -> Result<Option<Granted>, LockError> {
+    if mine_live {
+        if let Some(grant) = extend_own(client, request, args)? {
+            return Ok(Some(grant));
+        }
+    }
+    args[5] = token::mint(client)?.into();
+    let args = &args[..];
+    if row_exists {
+        return grant_by(client, take_over, args);
+    }
+    // ON CONFLICT DO NOTHING locks nothing: no subtransaction is needed for the insert.
+    match grant_row(insert.run(client, args)?)? {
+        Some(grant) => Ok(Some(grant)),
+        None => grant_by(client, take_over, args),
+    }
+}
+
+pub fn millis(ms: i64) -> Duration {
+    Duration::from_millis(ms.max(0) as u64)
+}
+
+/// A grant, in plain values: a composite value made inside a subtransaction would hold a
+/// tuple descriptor owned by it, gone once it ends (`to_grant` makes lockext.lock_grant).
+pub struct Granted {
+    pub lock_id: String,
+    pub owner: String,
+    pub token: i64,
+    pub acquired_at: TimestampWithTimeZone,
+    pub expires_at: TimestampWithTimeZone,
+    pub minted: bool,
+    pub took_over: bool, // an expired lease of someone else's taken over in place
+    pub previous_token: Option<i64>,
+}
+
+impl Granted {
+    /// lock_acquire's result, a `lockext.lock_grant`, formed in one go.
+    pub fn to_grant(&self) -> Result<Grant, LockError> {
+        let missing = LockError::MissingColumn { name: "lock_grant" };
+        let tupdesc = pgrx::PgTupleDesc::for_composite_type_by_oid(grant_type()?).ok_or(missing)?;
+        let datums = [
+            self.lock_id.clone().into_datum(),
+            self.owner.clone().into_datum(),
+            self.token.into_datum(),
+            self.acquired_at.into_datum(),
+            self.expires_at.into_datum(),
+        ];
+        unsafe { PgHeapTuple::from_datums(tupdesc, datums) }
+            .map_err(|_| LockError::MissingColumn { name: "lock_grant" })
+    }
+}
+
+/// The oid of type lockext.lock_grant: two catalog-cache lookups (not kept: a reinstall in
+/// this backend may keep the schema and make the type anew).
+fn grant_type() -> Result<pg_sys::Oid, LockError> {
+    let schema = unsafe { pg_sys::get_namespace_oid(c"lockext".as_ptr(), true) };
+    let oid = unsafe {
+        pg_sys::GetSysCacheOid(
+            pg_sys::SysCacheIdentifier::TYPENAMENSP as i32,
+            pg_sys::Anum_pg_type_oid as pg_sys::AttrNumber,
+            pg_sys::Datum::from(c"lock_grant".as_ptr()),
+            pg_sys::Datum::from(schema),
+            pg_sys::Datum::from(0usize),
+            pg_sys::Datum::from(0usize),
+        )
+    };
+    if oid == pg_sys::InvalidOid {
+        return Err(LockError::MissingColumn { name: "lock_grant" });
+    }
+    Ok(oid)
+}
+
+/// The grant from an acquire statement's RETURNING (`grant_returning!`), if any.
+fn grant_row(rows: pgrx::spi::SpiTupleTable<'_>) -> Result<Option<Granted>, LockError> {
+    if rows.is_empty() {
+        return Ok(None);
+    }
+    let row = rows.first();
+    let (
+        Some(lock_id),
+        Some(owner),
+        Some(token),
+        Some(acquired_at),
+        Some(expires_at),
+        Some(minted),
+    ) = (
+        row.get::<String>(1)?,
+        row.get::<String>(2)?,
+        row.get::<i64>(3)?,
+        row.get::<TimestampWithTimeZone>(4)?,
+        row.get::<TimestampWithTimeZone>(5)?,
+        row.get::<bool>(6)?,
+    )
+    else {
+        return Ok(None);
+    };
+    Ok(Some(Granted {
+        lock_id,
+        owner,
+        token,
+        acquired_at,
+        expires_at,
+        minted,
+        took_over: false,
+        previous_token: row.get::<i64>(7)?,
+    }))
+}
