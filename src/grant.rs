@@ -83,6 +83,72 @@ pub fn clear_dead(
     Ok(cleared.is_some())
 }
 
+// Read under the newest snapshot (`Statement::read_latest_all`), after passing the gate:
+// every lease of the lock id, of either table, as plain by-value columns. Each kind sums
+// them up its own way (`lease.rs`, `shared.rs`): one append of two index probes starts
+// faster in the executor than joins and aggregates that summed them up in SQL
+// (docs/profile-2026-12-01.md).
+static LOOK: Statement = Statement {
+    sql: "SELECT false, expires_at, lockext.free_at(expires_at, lock_delay), \
+                 owner = $2 AND holder_role = $3, owner = $2, NULL::integer \
+            FROM lockext.locks WHERE lock_id = $1 \
+          UNION ALL \
+          SELECT true, expires_at, lockext.free_at(expires_at, lock_delay), \
+                 owner = $2 AND holder_role = $3, owner = $2, permits \
+            FROM lockext.shared_leases WHERE lock_id = $1",
+    params: ACQUIRE_PARAMS,
+};
+
+/// One lease of the lock id an acquire looks at (`look_at`); times in PostgreSQL's
+/// microseconds.
+pub struct Seen {
+    /// A shared lease or a permit (a row of lockext.shared_leases), or the exclusive lease.
+    pub shared: bool,
+    pub expires_at: i64,
+    /// When its lock is free: the expiry plus the lock-delay.
+    pub free_at: i64,
+    /// The caller's own: its owner and its role.
+    pub mine: bool,
+    /// Its owner's name is the caller's, whatever the role.
+    pub owner_named: bool,
+    pub permits: Option<i32>,
+}
+
+impl Seen {
+    pub fn live(&self, now: i64) -> bool {
+        self.expires_at > now
+    }
+    pub fn free(&self, now: i64) -> bool {
+        self.free_at <= now
+    }
+    pub fn free_in_ms(&self, now: i64) -> i64 {
+        self.free_at.saturating_sub(now) / 1000
+    }
+}
+
+/// Every lease of the lock id in `args`, under the newest snapshot, and the call's clock.
+pub fn look_at(args: &Args<'_>) -> (Vec<Seen>, i64) {
+    let now = args[4]
+        .datum()
+        .map(|d| d.sans_lifetime().value() as i64)
+        .unwrap_or(i64::MAX);
+    let leases = LOOK
+        .read_latest_all(&args[..])
+        .into_iter()
+        .filter_map(|row| {
+            Some(Seen {
+                shared: row.get::<bool>(1)?,
+                expires_at: row.get::<i64>(2)?,
+                free_at: row.get::<i64>(3)?,
+                mine: row.get::<bool>(4) == Some(true),
+                owner_named: row.get::<bool>(5) == Some(true),
+                permits: row.get::<i32>(6),
+            })
+        })
+        .collect();
+    (leases, now)
+}
+
 /// What kind of lease an acquire asks for.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Kind {

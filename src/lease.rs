@@ -26,8 +26,8 @@ use crate::claims;
 use crate::commit;
 use crate::error::{self, LockError, OrReport};
 use crate::grant::{
-    clear_dead, extend_own, millis, take, Args, Attempt, Granted, Kind, Request, ACQUIRE_PARAMS,
-    CLEAR_DEAD_SHARED,
+    clear_dead, extend_own, look_at, millis, take, Args, Attempt, Granted, Kind, Request,
+    ACQUIRE_PARAMS, CLEAR_DEAD_SHARED,
 };
 use crate::settings;
 use crate::shared;
@@ -37,24 +37,7 @@ use crate::stats::{self, Counter};
 use crate::wait;
 use crate::xact;
 
-// Read under the newest snapshot (`Statement::read_latest_all`), after passing the gate:
-// every lease of the lock id, of either table, as plain by-value columns: whether it is a
-// shared lease or permit, when it expires, when its lock is free (with its lock-delay),
-// whether it is the caller's, and a semaphore's permits. `Look` sums them up: one append
-// of two index probes starts faster in the executor than the joins and aggregate that
-// summed them up in SQL (docs/profile-2026-12-01.md).
-static LOOK: Statement = Statement {
-    sql: "SELECT false, expires_at, lockext.free_at(expires_at, lock_delay), \
-                 owner = $2 AND holder_role = $3, NULL::integer \
-            FROM lockext.locks WHERE lock_id = $1 \
-          UNION ALL \
-          SELECT true, expires_at, lockext.free_at(expires_at, lock_delay), \
-                 owner = $2 AND holder_role = $3, permits \
-            FROM lockext.shared_leases WHERE lock_id = $1",
-    params: ACQUIRE_PARAMS,
-};
-
-/// What an exclusive acquire sees of its lock id, by the call's clock.
+/// What an exclusive acquire sees of its lock id (`grant::look`), by the call's clock.
 #[derive(Default)]
 struct Look {
     /// Whether an exclusive lease row exists, and whether it is someone else's and not yet
@@ -74,33 +57,20 @@ struct Look {
 
 impl Look {
     fn read(args: &Args<'_>) -> Look {
-        let now = args[4]
-            .datum()
-            .map(|d| d.sans_lifetime().value() as i64)
-            .unwrap_or(i64::MAX);
-        let ms = |at: i64| (at.saturating_sub(now)) / 1000;
         let mut look = Look::default();
-        for row in LOOK.read_latest_all(&args[..]) {
-            let (Some(shared), Some(expires_at), Some(free_at), mine) = (
-                row.get::<bool>(1),
-                row.get::<i64>(2),
-                row.get::<i64>(3),
-                row.get::<bool>(4) == Some(true),
-            ) else {
-                continue;
-            };
-            let free = free_at <= now;
-            if !shared {
+        let (leases, now) = look_at(args);
+        for lease in leases {
+            if !lease.shared {
                 look.exclusive_row = true;
-                look.held_by_other = !free && !mine;
-                look.free_in_ms = Some(ms(free_at));
-                look.mine_live = mine && expires_at > now;
-            } else if free {
+                look.held_by_other = !lease.free(now) && !lease.mine;
+                look.free_in_ms = Some(lease.free_in_ms(now));
+                look.mine_live = lease.mine && lease.live(now);
+            } else if lease.free(now) {
                 look.dead_shared += 1;
             } else {
-                let until = ms(free_at);
+                let until = lease.free_in_ms(now);
                 look.shared_until_ms = Some(look.shared_until_ms.map_or(until, |u| u.max(until)));
-                look.semaphore |= row.get::<i32>(5).is_some();
+                look.semaphore |= lease.permits.is_some();
             }
         }
         look

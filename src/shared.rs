@@ -23,38 +23,59 @@ use crate::backend;
 use crate::claims;
 use crate::error::LockError;
 use crate::grant::{
-    clear_dead, millis, take, Args, Attempt, Kind, Request, ACQUIRE_PARAMS, CLEAR_DEAD_EXCLUSIVE,
-    CLEAR_DEAD_SLOT,
+    clear_dead, look_at, millis, take, Args, Attempt, Kind, Request, ACQUIRE_PARAMS,
+    CLEAR_DEAD_EXCLUSIVE, CLEAR_DEAD_SLOT,
 };
-use crate::sql::{grant_returning, grant_sets, ms_until};
+use crate::sql::{grant_returning, grant_sets};
 use crate::statements::Statement;
 
-// Read under the newest snapshot, after passing the gate: is there a live exclusive lease,
-// and till when; how many live shared leases or permits others hold, of what kind, and
-// how soon the first of them runs out; does the caller have a row already.
-static PEEK: Statement = Statement {
-    sql: concat!(
-        "SELECT x.held, x.free_ms, s.others, s.permits, s.shared, s.next_free_ms, \
-                EXISTS (SELECT FROM lockext.shared_leases WHERE lock_id = $1 AND owner = $2), \
-                s.mine_live \
-           FROM (SELECT) AS one \
-           LEFT JOIN LATERAL ( \
-                SELECT expires_at + lock_delay > $5 AS held, ",
-        ms_until!("expires_at + lock_delay"),
-        " AS free_ms FROM lockext.locks WHERE lock_id = $1) AS x ON true \
-           CROSS JOIN LATERAL ( \
-                SELECT count(*) FILTER (WHERE NOT mine) AS others, min(permits) AS permits, \
-                       bool_or(permits IS NULL) AS shared, \
-                       coalesce(bool_or(mine AND expires_at > $5), false) AS mine_live, ",
-        ms_until!("min(expires_at + lock_delay) FILTER (WHERE NOT mine)"),
-        " AS next_free_ms \
-                  FROM (SELECT permits, expires_at, lock_delay, \
-                               owner = $2 AND holder_role = $3 AS mine \
-                          FROM lockext.shared_leases \
-                         WHERE lock_id = $1 AND expires_at + lock_delay > $5) AS live) AS s"
-    ),
-    params: ACQUIRE_PARAMS,
-};
+/// What a shared or permit acquire sees of its lock id (`grant::look_at`), by the call's
+/// clock: the exclusive lease, and the shared leases or permits not yet free.
+#[derive(Default)]
+struct Look {
+    /// An exclusive lease row: not yet free (`Some(true)`), or free but still there.
+    exclusive: Option<bool>,
+    exclusive_free_in_ms: Option<i64>,
+    /// Live (not yet free) shared leases or permits of others, and how soon the first is free.
+    others: i64,
+    others_free_in_ms: Option<i64>,
+    /// The n of the live permits (None: no live permit), and whether live shared leases hold it.
+    permits: Option<i32>,
+    shared: bool,
+    /// The caller's own live lease of this kind, and whether a row of its owner's name exists.
+    mine_live: bool,
+    row_exists: bool,
+}
+
+impl Look {
+    fn read(args: &Args<'_>) -> Look {
+        let mut look = Look::default();
+        let (leases, now) = look_at(args);
+        for lease in leases {
+            if !lease.shared {
+                look.exclusive = Some(!lease.free(now));
+                look.exclusive_free_in_ms = Some(lease.free_in_ms(now));
+                continue;
+            }
+            look.row_exists |= lease.owner_named;
+            if lease.free(now) {
+                continue;
+            }
+            match lease.permits {
+                Some(n) => look.permits = Some(look.permits.map_or(n, |m| m.min(n))),
+                None => look.shared = true,
+            }
+            look.mine_live |= lease.mine && lease.live(now);
+            if !lease.mine {
+                look.others += 1;
+                let free_in = lease.free_in_ms(now);
+                look.others_free_in_ms =
+                    Some(look.others_free_in_ms.map_or(free_in, |f| f.min(free_in)));
+            }
+        }
+        look
+    }
+}
 
 // The slots of the live permits of others.
 static SLOTS_TAKEN: Statement = Statement {
@@ -114,11 +135,9 @@ pub fn attempt(
     request: &Request<'_>,
     args: &mut Args<'_>,
 ) -> Result<Attempt, LockError> {
-    let Some(peek) = PEEK.read_latest(&args[..]) else {
-        return Ok((None, None));
-    };
-    let exclusive_held = peek.get::<bool>(1) == Some(true);
-    let others = peek.get::<i64>(3).unwrap_or(0);
+    let look = Look::read(args);
+    let exclusive_held = look.exclusive == Some(true);
+    let others = look.others;
     let wrong_kind = |is| LockError::WrongKind {
         lock_id: request.lock_id.to_string(),
         is,
@@ -131,18 +150,18 @@ pub fn attempt(
     let mut fixing_n: Option<claims::Gate> = None;
     match request.kind {
         Kind::Shared => {
-            if peek.get::<i32>(4).is_some() {
+            if look.permits.is_some() {
                 return Err(wrong_kind("a semaphore"));
             }
             if exclusive_held {
-                return Ok((None, peek.get::<i64>(2).map(millis)));
+                return Ok((None, look.exclusive_free_in_ms.map(millis)));
             }
         }
         Kind::Semaphore(asked) => {
-            if exclusive_held || peek.get::<bool>(5) == Some(true) {
+            if exclusive_held || look.shared {
                 return Err(wrong_kind("a lock"));
             }
-            match peek.get::<i32>(4) {
+            match look.permits {
                 Some(has) if has != asked => {
                     return Err(LockError::PermitsMismatch {
                         lock_id: request.lock_id.to_string(),
@@ -151,11 +170,11 @@ pub fn attempt(
                     })
                 }
                 _ if others >= i64::from(asked) => {
-                    return Ok((None, peek.get::<i64>(6).map(millis)));
+                    return Ok((None, look.others_free_in_ms.map(millis)));
                 }
                 _ => {}
             }
-            if peek.get::<i32>(4).is_none() {
+            if look.permits.is_none() {
                 // This permit fixes n: no other taker may be fixing it at the same time,
                 // so the first takers go one at a time (their claims conflict).
                 match claims::try_gate(request.lock_id, claims::Mode::Exclusive)? {
@@ -163,9 +182,7 @@ pub fn attempt(
                     None => return Ok((None, None)),
                 }
             }
-            if peek.get::<bool>(8) != Some(true)
-                && claim_free_slot(request.lock_id, asked, args)?.is_none()
-            {
+            if !look.mine_live && claim_free_slot(request.lock_id, asked, args)?.is_none() {
                 // Not the caller's own live permit again, and the free slots are being
                 // filled right now.
                 if let Some(gate) = fixing_n {
@@ -177,7 +194,7 @@ pub fn attempt(
         Kind::Exclusive => unreachable!("exclusive leases live in lockext.locks"),
     }
     // A dead exclusive lease goes first, so that its renewal cannot revive it beside ours.
-    if peek.get::<bool>(1) == Some(false) && !clear_dead(client, &CLEAR_DEAD_EXCLUSIVE, args)? {
+    if look.exclusive == Some(false) && !clear_dead(client, &CLEAR_DEAD_EXCLUSIVE, args)? {
         if let Some(gate) = fixing_n {
             gate.reopen();
         }
@@ -185,7 +202,7 @@ pub fn attempt(
     }
     // And so do dead permits of others in the slot this taker claimed.
     if matches!(request.kind, Kind::Semaphore(_))
-        && peek.get::<bool>(8) != Some(true)
+        && !look.mine_live
         && !clear_dead(client, &CLEAR_DEAD_SLOT, args)?
     {
         if let Some(gate) = fixing_n {
@@ -193,11 +210,11 @@ pub fn attempt(
         }
         return Ok((None, None));
     }
-    let row_exists = peek.get::<bool>(7) == Some(true);
+    let row_exists = look.row_exists;
     let granted = if !row_exists && !claims::try_claim_row(request.lock_id, request.owner) {
         None // this owner's row is being created right now
     } else {
-        let mine_live = peek.get::<bool>(8) == Some(true);
+        let mine_live = look.mine_live;
         take(
             client,
             request,

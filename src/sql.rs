@@ -1,8 +1,7 @@
 //! SQL fragments that several modules' statements share, as macros that `concat!` into
-//! the statements' text at compile time: what a grant sets and returns, how long until a
-//! time, the deletion of dead or session-ended leases, and the events sent for them.
-//! Parameters follow the statements that use them (`ACQUIRE_PARAMS` in `lease.rs` for the
-//! grant fragments).
+//! the statements' text at compile time: what a grant sets and returns, the deletion of
+//! dead or session-ended leases, and the events sent for them. Parameters follow the
+//! statements that use them (`ACQUIRE_PARAMS` in `grant.rs` for the grant fragments).
 
 /// The rows of CTE `reaped` (lock_id, fence_token of each lease ended), each with an event
 /// for LISTENers when parameter `$notify` (lockext.notify) is true.
@@ -59,14 +58,6 @@ macro_rules! end_sessions_sql {
     };
 }
 pub(crate) use end_sessions_sql;
-
-/// Milliseconds from now ($5) to a time, for a waiter's nap.
-macro_rules! ms_until {
-    ($t:literal) => {
-        concat!("(extract(epoch FROM ", $t, " - $5) * 1000)::bigint")
-    };
-}
-pub(crate) use ms_until;
 
 /// What an acquire sets on the lease it grants, in either lease table; `c` is the row it
 /// took, with `same_grant` when that is the caller's own live lease.
