@@ -17,6 +17,7 @@ pub mod checks;
 pub mod crash;
 pub mod gdb;
 pub mod history;
+pub mod leases;
 pub mod permits;
 
 /// xorshift64*: enough randomness for a test's choices (pauses, which client to stop), and

@@ -1,7 +1,7 @@
 //! The checker of counting-semaphore histories (`lock_acquire(..., permits => n)`).
 //!
 //! The history is the clients' calls, as [`crate::history::Op`]s, each with the server's
-//! clock around the call (see the semaphore test in tests/modes.rs). [`check_permits`]
+//! clock around the call (see tests/semaphores.rs). [`check_permits`]
 //! verifies:
 //! 1. no fence token is returned by two different grants (a grant is identified by lock,
 //!    owner, token and `acquired_at`; the same owner re-acquiring a live permit gets the
