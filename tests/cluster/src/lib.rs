@@ -19,6 +19,7 @@ pub mod gdb;
 pub mod history;
 pub mod leases;
 pub mod permits;
+pub mod race;
 
 /// xorshift64*: enough randomness for a test's choices (pauses, which client to stop), and
 /// reproducible from a seed. Seed it with an odd number.

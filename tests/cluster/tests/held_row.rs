@@ -38,9 +38,9 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use lockext_cluster_tests::gdb::Gdb;
+use lockext_cluster_tests::race::{race_cluster, Holder, DB};
 use lockext_cluster_tests::*;
 
-const DB: &str = "race";
 const LOCK: &str = "held-lock";
 
 /// Where H's renewal stops: after it read the clock, before its UPDATE (see renew_race.rs).
@@ -64,32 +64,6 @@ struct Variant {
     table: &'static str,
 }
 
-/// A live lease of `LOCK`, from `lockext.holders`.
-#[derive(Debug, Clone)]
-struct Holder {
-    mode: String,
-    owner: String,
-    fence_token: i64,
-    time_left_ms: f64,
-}
-
-fn holders(c: &mut Client) -> Vec<Holder> {
-    c.query(
-        "SELECT mode, owner, fence_token, (extract(epoch FROM time_left) * 1000)::float8 \
-           FROM lockext.holders WHERE lock_id = $1 ORDER BY fence_token",
-        &[&LOCK],
-    )
-    .expect("read lockext.holders")
-    .iter()
-    .map(|r| Holder {
-        mode: r.get(0),
-        owner: r.get(1),
-        fence_token: r.get(2),
-        time_left_ms: r.get::<_, f64>(3),
-    })
-    .collect()
-}
-
 fn extra(kind: &str) -> String {
     if kind.is_empty() {
         String::new()
@@ -98,30 +72,8 @@ fn extra(kind: &str) -> String {
     }
 }
 
-/// A cluster whose reaper serves `postgres` only, and database `race` with lockext (and
-/// pgrowlocks, to show who holds a row locked).
-fn race_cluster(name: &str) -> Cluster {
-    let cluster = Cluster::start(
-        name,
-        "lockext.database = 'postgres'\nlockext.lock_delay = 0\n",
-    );
-    let mut pg = cluster.connect();
-    pg.batch_execute(&format!("CREATE DATABASE {DB}"))
-        .expect("create database race");
-    cluster
-        .connect_to(DB)
-        .batch_execute("CREATE EXTENSION lockext; CREATE EXTENSION pgrowlocks")
-        .expect("create extensions in race");
-    assert_eq!(
-        reaper_pid(&mut pg, DB),
-        None,
-        "a reaper serves database {DB}"
-    );
-    cluster
-}
-
 fn held_row(v: &Variant) {
-    let cluster = race_cluster(v.name);
+    let cluster = race_cluster(v.name, &["lockext", "pgrowlocks"]);
     // Short enough to keep the test short, long enough that H's renewal surely reads the
     // clock before the lease runs out; a slow machine gets a second try with more room.
     for (attempt, ttl_ms) in [500u64, 2000].into_iter().enumerate() {
@@ -311,7 +263,7 @@ fn run_once(cluster: &Cluster, attempt: usize, ttl_ms: u64, v: &Variant) -> bool
         },
     );
     assert!(
-        holders(&mut setup).is_empty(),
+        holders_of(&mut setup).is_empty(),
         "the lock has live holders after H's lease expired"
     );
 
@@ -405,7 +357,7 @@ fn run_once(cluster: &Cluster, attempt: usize, ttl_ms: u64, v: &Variant) -> bool
     assert!(
         got.is_none(),
         "R's acquire was granted (token {got:?}) beside H's renewed lease; holders {:?}",
-        holders(&mut setup)
+        holders_of(&mut setup)
     );
 
     // 6. H renews again, while R's transaction is open.
@@ -414,7 +366,7 @@ fn run_once(cluster: &Cluster, attempt: usize, ttl_ms: u64, v: &Variant) -> bool
     let second =
         renew(&mut h, &h_owner).unwrap_or_else(|e| panic!("H's second renewal failed: {e}"));
     let second_ms = t.elapsed().as_millis();
-    let live = holders(&mut setup);
+    let live = holders_of(&mut setup);
     println!(
         "[{}] H's second renewal, R's transaction open: {} (in {second_ms} ms); row locks on \
          {}: {lockers:?} (R's backend is {r_pid}); live holders of {LOCK}:",
@@ -513,4 +465,8 @@ fn a_refused_permit_keeps_no_lock_on_a_renewed_permit_in_its_slot() {
         r_frames: &["lockext::grant::clear_dead", "lockext::shared::attempt"],
         table: "lockext.shared_leases",
     });
+}
+
+fn holders_of(c: &mut Client) -> Vec<Holder> {
+    lockext_cluster_tests::race::holders(c, LOCK)
 }

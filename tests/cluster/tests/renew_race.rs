@@ -21,9 +21,9 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use lockext_cluster_tests::gdb::Gdb;
+use lockext_cluster_tests::race::{race_cluster, Holder, DB};
 use lockext_cluster_tests::*;
 
-const DB: &str = "race";
 const LOCK: &str = "race-lock";
 
 /// The function the renewal's statements are executed with (`nm -D lockext.so`: the only
@@ -31,60 +31,12 @@ const LOCK: &str = "race-lock";
 /// the acquire's looks use).
 const BREAK_AT: &str = "SPI_execute_plan";
 
-/// A live lease of `LOCK`, from `lockext.holders`.
-#[derive(Debug, Clone)]
-struct Holder {
-    mode: String,
-    owner: String,
-    fence_token: i64,
-    time_left_ms: f64,
-}
-
-fn holders(c: &mut Client) -> Vec<Holder> {
-    c.query(
-        "SELECT mode, owner, fence_token, (extract(epoch FROM time_left) * 1000)::float8 \
-           FROM lockext.holders WHERE lock_id = $1 ORDER BY fence_token",
-        &[&LOCK],
-    )
-    .expect("read lockext.holders")
-    .iter()
-    .map(|r| Holder {
-        mode: r.get(0),
-        owner: r.get(1),
-        fence_token: r.get(2),
-        time_left_ms: r.get::<_, f64>(3),
-    })
-    .collect()
-}
-
-/// A cluster whose reaper serves `postgres` only, and database `race` with lockext.
-fn race_cluster(name: &str) -> Cluster {
-    let cluster = Cluster::start(
-        name,
-        "lockext.database = 'postgres'\nlockext.lock_delay = 0\n",
-    );
-    let mut pg = cluster.connect();
-    pg.batch_execute(&format!("CREATE DATABASE {DB}"))
-        .expect("create database race");
-    cluster
-        .connect_to(DB)
-        .batch_execute("CREATE EXTENSION lockext")
-        .expect("create extension in race");
-    // The launcher looks at the list every few seconds; nothing may ever reap `race`.
-    assert_eq!(
-        reaper_pid(&mut pg, DB),
-        None,
-        "a reaper serves database {DB}"
-    );
-    cluster
-}
-
 /// One forced interleaving: A's lease (`a_kind`, named lock_acquire arguments) is taken
 /// with a short ttl; A's backend renews it and is stopped by gdb after reading the clock;
 /// the lease expires; B acquires with `b_kind`; the renewal resumes. `conflict` says
 /// whether a set of live holders breaks the lock's rules.
 fn race(name: &str, a_kind: &str, b_kind: &str, conflict: fn(&[Holder]) -> Option<String>) {
-    let cluster = race_cluster(name);
+    let cluster = race_cluster(name, &["lockext"]);
     // Short enough to keep the test short, long enough that the renewal surely reads the
     // clock before the lease runs out; a slow machine gets a second try with more room.
     for (attempt, ttl_ms) in [500u64, 2000].into_iter().enumerate() {
@@ -230,7 +182,7 @@ fn run_once(
         },
     );
     assert!(
-        holders(&mut setup).is_empty(),
+        holders_of(&mut setup).is_empty(),
         "the lock has live holders after A's lease expired"
     );
 
@@ -263,7 +215,7 @@ fn run_once(
         .recv_timeout(Duration::from_secs(15))
         .expect("the renewal returns once gdb detached")
         .unwrap_or_else(|e| panic!("A's renewal failed: {e}"));
-    let live = holders(&mut setup);
+    let live = holders_of(&mut setup);
     println!(
         "A's renewal (token {a_token}) returned {} ({} ms); live holders of {LOCK}:",
         match renewed {
@@ -344,4 +296,8 @@ fn a_paused_exclusive_renewal_cannot_revive_beside_a_shared_grant() {
         "mode => 'shared'",
         exclusive_beside_shared,
     );
+}
+
+fn holders_of(c: &mut Client) -> Vec<Holder> {
+    lockext_cluster_tests::race::holders(c, LOCK)
 }
