@@ -9,10 +9,11 @@
 #   scripts/cluster.sh shell      psql when there is a terminal; else run the demonstration
 #   scripts/cluster.sh destroy    stop it and delete its files
 #
-# LOCKEXT_PORT (default 5499) and LOCKEXT_HOME (default /tmp/lockext) choose where.
+# LOCKEXT_PORT (default 5499) and LOCKEXT_HOME (default /tmp/lockext) choose where; PG_BIN
+# (default the system PostgreSQL 15) which server, e.g. a relocated copy with its own lockext.
 set -euo pipefail
 
-PG_BIN=/usr/lib/postgresql/15/bin
+PG_BIN=${PG_BIN:-/usr/lib/postgresql/15/bin}
 PORT=${LOCKEXT_PORT:-5499}
 HOME_DIR=${LOCKEXT_HOME:-/tmp/lockext}
 DATA=$HOME_DIR/data

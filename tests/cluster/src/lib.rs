@@ -48,7 +48,12 @@ impl Rng {
     }
 }
 
-pub const PG_BIN: &str = "/usr/lib/postgresql/15/bin";
+/// The server's binaries: the system PostgreSQL 15, or the copy that `LOCKEXT_PG_BIN` names
+/// when the tests are built (a relocated tree with a build of lockext of its own).
+pub const PG_BIN: &str = match option_env!("LOCKEXT_PG_BIN") {
+    Some(bin) => bin,
+    None => "/usr/lib/postgresql/15/bin",
+};
 
 pub struct Cluster {
     pub name: String,
