@@ -66,8 +66,10 @@ unit:
 
 # On a cluster of its own, made anew each time: tokens and eras then start from a fresh
 # cluster's, as the expected outputs show them.
-CHECK_PORT := 5498
-CHECK_CLUSTER := LOCKEXT_PORT=$(CHECK_PORT) LOCKEXT_HOME=/tmp/lockext-installcheck bash scripts/cluster.sh
+# CHECK_PORT and CHECK_HOME move it (PG_CONFIG and PG_BIN choose another server).
+CHECK_PORT ?= 5498
+CHECK_HOME ?= /tmp/lockext-installcheck
+CHECK_CLUSTER := LOCKEXT_PORT=$(CHECK_PORT) LOCKEXT_HOME=$(CHECK_HOME) bash scripts/cluster.sh
 installcheck:
 	$(CHECK_CLUSTER) destroy
 	$(CHECK_CLUSTER) start
