@@ -8,6 +8,7 @@ mod backend;
 mod caller;
 mod claims;
 mod commit;
+mod counter;
 mod eras;
 mod error;
 mod fence;
@@ -69,6 +70,7 @@ pub extern "C-unwind" fn _PG_init() {
     if preloading {
         status::init_shared_memory();
         stats::init_shared_memory();
+        counter::init_shared_memory();
         wait::init_shared_memory();
         reaper::register_launcher();
     }

@@ -443,8 +443,12 @@ fn record_row(client: &mut SpiClient<'_>, in_force: &InForce) -> Result<(), Lock
 
 // ---- minting ---------------------------------------------------------------------------
 
-/// The next counter value, on disk before it is returned (see the module comment).
-fn next_counter(sequence: pg_sys::Oid) -> i64 {
+/// The next counter value, on disk before it is returned (see the module comment): from
+/// shared memory when lockext is preloaded (`counter.rs`), else from the sequence.
+fn next_counter(client: &mut SpiClient<'_>, sequence: pg_sys::Oid) -> Result<i64, LockError> {
+    if settings::preloaded() {
+        return crate::counter::next(client, sequence);
+    }
     unsafe {
         // lockext's functions run as the extension's owner: no permission check to make.
         let value = pg_sys::ffi::pg_guard_ffi_boundary(|| nextval_internal(sequence, false));
@@ -452,7 +456,7 @@ fn next_counter(sequence: pg_sys::Oid) -> i64 {
         if lsn > pg_sys::GetFlushRecPtr(std::ptr::null_mut()) {
             pg_sys::XLogFlush(lsn);
         }
-        value
+        Ok(value)
     }
 }
 
@@ -484,7 +488,7 @@ pub fn mint(client: &mut SpiClient<'_>) -> Result<i64, LockError> {
     if !in_force.row_confirmed {
         record_row(client, &in_force)?;
     }
-    let counter = next_counter(in_force.history.sequence);
+    let counter = next_counter(client, in_force.history.sequence)?;
     let token = in_force.layout.compose(in_force.era, counter)?;
     if settings::durability() == Durability::Grant {
         crate::commit::require_flush();
@@ -497,8 +501,17 @@ pub fn mint(client: &mut SpiClient<'_>) -> Result<i64, LockError> {
 /// The highest token that can have been handed out in this database: the era in force
 /// over the last counter value.
 pub fn highest_issued(client: &mut SpiClient<'_>) -> Result<i64, LockError> {
-    let counter = first_value::<i64>(LAST_COUNTER.run(client, &[])?)?.unwrap_or(0);
     let in_force = in_force(false)?;
+    // Preloaded, the sequence holds a reservation ahead of the counter: the counter itself
+    // says what was handed out, once this server has handed out any (after a restart, the
+    // reservation is all there is, and every grant from then on is above it).
+    let kept = settings::preloaded()
+        .then(|| crate::counter::issued(in_force.history.sequence))
+        .flatten();
+    let counter = match kept {
+        Some(counter) => counter,
+        None => first_value::<i64>(LAST_COUNTER.run(client, &[])?)?.unwrap_or(0),
+    };
     let max_counter = (1 << in_force.layout.counter_bits()) - 1;
     in_force
         .layout

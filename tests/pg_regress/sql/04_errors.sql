@@ -8,7 +8,9 @@ EXCEPTION WHEN OTHERS THEN
     RETURN SQLSTATE || ': ' || SQLERRM;
 END $$;
 
-SELECT last_value AS seq_before FROM lockext.fence_token_seq \gset
+-- The token before: of a lease taken and given back at once.
+SELECT fence_token AS token_before FROM lockext.lock_acquire('errors:probe', 'w', '1 minute') \gset
+SELECT lockext.lock_release('errors:probe', 'w', :token_before);
 SELECT count(*) AS leases_before FROM lockext.locks \gset
 SELECT count(*) AS resources_before FROM lockext.resources \gset
 
@@ -48,7 +50,7 @@ SELECT pg_temp.try(format($$SELECT lockext.lock_acquire(%L, %L, '1 day')$$, repe
 -- Nothing was written by the failures: one lease and one token (the last call's).
 SELECT count(*) - :leases_before AS new_leases FROM lockext.locks;
 SELECT count(*) - :resources_before AS new_resources FROM lockext.resources;
-SELECT last_value - :seq_before AS tokens_minted FROM lockext.fence_token_seq;
+SELECT max(fence_token) - :token_before AS tokens_minted FROM lockext.locks;
 
 -- Errors carry a hint where there is something to do about them.
 \set VERBOSITY default
