@@ -14,7 +14,7 @@ import time
 
 from .charts import chart_latency, chart_throughput
 from .cluster import Cluster, Redis, psql, psql_file
-from .config import (HERE, PG_HOME, PG_PORT, ROOT, TMP, Config, allow_debug, config,
+from .config import (HERE, PG_HOME, PG_PORT, ROOT, SOURCE_PG_BIN, TMP, Config, allow_debug, config,
                      keep_cluster, skip_epoch_requested)
 from .fills import setup_fenced, setup_heartbeat
 from .report import report
@@ -47,8 +47,8 @@ def main():
     started = time.time()
     build_driver()
 
-    log(f"scratch cluster on port {PG_PORT} in {PG_HOME}, from a copy of the installed "
-        "PostgreSQL and lockext")
+    log(f"scratch cluster on port {PG_PORT} in {PG_HOME}, from a copy of the PostgreSQL in "
+        f"{SOURCE_PG_BIN} and its lockext")
     cluster = Cluster()
     is_debug = cluster.create(allow_debug())
     try:

@@ -10,7 +10,7 @@ import socket
 import subprocess
 import time
 
-from .config import PG_BIN, PG_HOME, PG_PORT, PSQL, REDIS_DIR, REDIS_PORT, SNAPSHOT, SYSTEM_PG_BIN
+from .config import PG_BIN, PG_HOME, PG_PORT, PSQL, REDIS_DIR, REDIS_PORT, SNAPSHOT, SOURCE_PG_BIN
 from .shell import BenchError, log, run
 
 # Settings of the scratch cluster (ALTER SYSTEM, then a restart). No checkpoint or WAL
@@ -35,9 +35,14 @@ class Cluster:
     Why a copy: `make install` rewrites lockext.so in place, and a server that preloaded
     it then crashes (SIGSEGV/SIGILL in the postmaster); a library replaced between two
     backends would even mix two builds in one run. With the copy, installing while a
-    benchmark runs changes nothing. The copy keeps Debian's layout below SNAPSHOT, so the
-    copied server finds its $libdir and share directory (with lockext's control and SQL
-    files) next to itself; `pg_config` in SQL shows those paths."""
+    benchmark runs changes nothing.
+
+    What is copied: the bin, $libdir and share directories of the PostgreSQL in
+    BENCH_PG_BIN (Debian's, or a relocated tree such as /opt/x/usr/lib/postgresql/15/bin),
+    as its own pg_config reports them, each to SNAPSHOT + its path. PostgreSQL finds its
+    $libdir and share directory relative to its binary, so the copied server finds the
+    copied lockext.so and lockext's control and SQL files, whichever tree it came from;
+    `pg_config` in SQL shows those paths, and create() checks them."""
 
     data = os.path.join(PG_HOME, "data")
     log = os.path.join(PG_HOME, "postgres.log")
@@ -67,13 +72,14 @@ class Cluster:
         self.destroy()
         if port_open(PG_PORT):
             raise BenchError(f"port {PG_PORT} is taken by another server (BENCH_PG_PORT chooses another)")
+        tree = source_tree()
         os.makedirs(PG_HOME)
-        for src in (SYSTEM_PG_BIN, os.path.dirname(SYSTEM_PG_BIN) + "/lib", "/usr/share/postgresql/15"):
+        for src in (SOURCE_PG_BIN, tree["PKGLIBDIR"], tree["SHAREDIR"]):
             dst = SNAPSHOT + src
             os.makedirs(os.path.dirname(dst), exist_ok=True)
             run(["cp", "-a", src, dst])
         shutil.chown(PG_HOME, "postgres", "postgres")
-        is_debug = check_library(os.path.join(PG_BIN, "..", "lib", "lockext.so"), allow_debug)
+        is_debug = check_library(SNAPSHOT + tree["PKGLIBDIR"] + "/lockext.so", allow_debug)
         run(["runuser", "-u", "postgres", "--", os.path.join(PG_BIN, "initdb"), "-D", self.data,
              "-U", "postgres", "--auth=trust", "--encoding=UTF8", "--locale=C.UTF-8"])
         with open(os.path.join(self.data, "postgresql.conf"), "a") as f:
@@ -91,11 +97,29 @@ log_line_prefix = '%m [%p] %b '
                 f.write(f"{k} = '{v}'\n")
         self.pg_ctl("-l", self.log, "-w", "-t", "60", "start")
         psql("CREATE EXTENSION lockext")
-        where = psql("SELECT setting FROM pg_config WHERE name = 'PKGLIBDIR'")
-        if not where.startswith(SNAPSHOT):
-            raise BenchError(f"the copied server loads its libraries from {where}, not the copy")
+        for name, what in (("PKGLIBDIR", "loads its libraries"), ("SHAREDIR", "reads its extensions")):
+            where = psql(f"SELECT setting FROM pg_config WHERE name = '{name}'")
+            if where != SNAPSHOT + tree[name]:
+                raise BenchError(f"the copied server {what} from {where}, not the copy")
         return is_debug
 
+
+def source_tree():
+    """The directories of the PostgreSQL that BENCH_PG_BIN names, as its pg_config says
+    (BINDIR, PKGLIBDIR, SHAREDIR)."""
+    pg_config = os.path.join(SOURCE_PG_BIN, "pg_config")
+    if not os.path.exists(pg_config):
+        raise BenchError(f"{pg_config} is missing: BENCH_PG_BIN must be the bin directory of a "
+                         "PostgreSQL 15 with lockext installed")
+    lines = run([pg_config, "--bindir", "--pkglibdir", "--sharedir"]).stdout.split("\n")
+    tree = dict(zip(("BINDIR", "PKGLIBDIR", "SHAREDIR"), lines))
+    if os.path.realpath(tree["BINDIR"]) != SOURCE_PG_BIN:
+        raise BenchError(f"{pg_config} reports its bin directory as {tree['BINDIR']}, not "
+                         f"{SOURCE_PG_BIN}")
+    if not os.path.exists(os.path.join(tree["SHAREDIR"], "extension", "lockext.control")):
+        raise BenchError(f"lockext is not installed in {tree['SHAREDIR']}: run make install "
+                         "first (or point BENCH_PG_BIN at a PostgreSQL that has it)")
+    return tree
 
 
 def psql(sql, options="", db="postgres"):

@@ -1,5 +1,5 @@
 """Where a run's files are and what the environment chooses: ports, the scratch cluster's
-home, and the run's options (Config: client
+home, the PostgreSQL it copies (BENCH_PG_BIN), and the run's options (Config: client
 counts, round length, table sizes), full or smoke.
 
 Every BENCH_* variable is read here, so that the other modules take their settings from
@@ -12,12 +12,15 @@ from .shell import BenchError
 # bench/, the package's parent: the SQL scripts, setup.sql and redisbench.c live there.
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ROOT = os.path.dirname(HERE)
-SYSTEM_PG_BIN = "/usr/lib/postgresql/15/bin"
+# The PostgreSQL (with lockext installed) that a run copies and starts: Debian's by
+# default, or a relocated tree's bin directory, e.g. /opt/pg/usr/lib/postgresql/15/bin.
+DEFAULT_PG_BIN = "/usr/lib/postgresql/15/bin"
+SOURCE_PG_BIN = os.path.realpath(os.environ.get("BENCH_PG_BIN") or DEFAULT_PG_BIN)
 PG_PORT = int(os.environ.get("BENCH_PG_PORT", "5599"))
 PG_HOME = os.environ.get("BENCH_HOME", "/tmp/lockext-bench")
 # The installed PostgreSQL (with lockext), copied at the start of a run: see cluster.Cluster.
 SNAPSHOT = os.path.join(PG_HOME, "pg")
-PG_BIN = SNAPSHOT + SYSTEM_PG_BIN
+PG_BIN = SNAPSHOT + SOURCE_PG_BIN
 PGBENCH = os.path.join(PG_BIN, "pgbench")
 PSQL = os.path.join(PG_BIN, "psql")
 REDIS_PORT = int(os.environ.get("BENCH_REDIS_PORT", "6399"))
