@@ -1,4 +1,4 @@
-"""The report of a run, in markdown: one table per workload
+"""The report of a run, in markdown: the targets met or missed, one table per workload
 (each row against the workload's references at the same client count), scale and reaper,
 what each system runs, the older issue-6 targets, where a cycle's time goes, the set-up;
 and the number formats that the charts share.
@@ -11,7 +11,8 @@ import math
 from .cluster import PG_SETTINGS
 from .config import PG_PORT, REDIS_PORT
 from .systems import SYSTEM_NOTES, SYSTEMS
-from .workloads import COUNTED, REFERENCE_HEADS, UNITS, find, floor_of
+from .workloads import (COUNTED, REFERENCE_HEADS, SAME_COMMIT, TARGETS, UNITS, find, floor_of,
+                        target_reference)
 
 def fmt_num(x):
     if x is None or (isinstance(x, float) and math.isnan(x)):
@@ -54,6 +55,7 @@ def report(cfg, results, meta, chart_names):
              f"(-j 2 from 2 clients); Redis {meta['redis_version']} under bench/redisbench.c "
              f"(same shape). lockext.so: {meta['library']}.")
     L.append("")
+    L += target_summary(cfg, results)
     for name in chart_names:
         L.append(f"![{name}]({name})")
         L.append("")
@@ -153,6 +155,67 @@ def report(cfg, results, meta, chart_names):
              "straight into `lockext.locks` by the superuser; the heartbeat's leases are real grants.")
     L.append("")
     return "\n".join(L) + "\n"
+
+
+def target_summary(cfg, results):
+    """The project's performance targets (workloads.TARGETS), each at every client count
+    of the run, from the run's own rows."""
+    L = ["## Performance targets", ""]
+    L.append("Each target is a ratio within this run, at the same client count: the lockext "
+             "system's throughput over its reference's (WAL: the lockext system's WAL records "
+             "per cycle minus its reference's). *not run*: the run left the workload (or the "
+             "system) out; *no pair*: no workload measures it.")
+    L.append("")
+    heads = [f"{c} client{'s' if c > 1 else ''}" for c in cfg.clients]
+    L.append("| target | system | against | goal | " + " | ".join(heads) + " |")
+    L.append("|---|---|---|---:|" + "---:|" * len(heads))
+    for t in TARGETS:
+        if t.metric == "tps":
+            goal = f"≥ {t.goal:g}×"
+        else:
+            goal = f"≤ +{t.goal:g}"
+        if t.system is None:
+            L.append(f"| {t.name} | none: {t.missing} | — | {goal} | " +
+                     " | ".join(["no pair"] * len(heads)) + " |")
+            continue
+        cells, refs = [], []
+        for clients in cfg.clients:
+            row = find(results, t.workload, t.system, clients)
+            ref = row and find(results, t.workload, target_reference(t, row, results), clients)
+            if not row or not ref:
+                cells.append("not run")
+                continue
+            refs.append(ref["system"])
+            if t.metric == "tps":
+                value = row["tps"] / ref["tps"]
+                ok = value >= t.goal
+                text = f"{precise(value, t.goal, ok)}×"
+            else:
+                if row.get(t.metric) is None or ref.get(t.metric) is None:
+                    cells.append("—")
+                    continue
+                value = row[t.metric] - ref[t.metric]
+                ok = value <= t.goal
+                text = precise(value, t.goal, ok, "+")
+            cells.append(f"{text} met" if ok else f"{text} **missed**")
+        if t.reference == SAME_COMMIT:
+            against = "bare UPDATE committed the same way"
+            if refs:
+                against += " (" + "; ".join(dict.fromkeys(SYSTEMS[s][0] for s in refs)) + ")"
+        else:
+            against = SYSTEMS[t.reference][0]
+        L.append(f"| {t.name} | {SYSTEMS[t.system][0]} | {against} | {goal} | " +
+                 " | ".join(cells) + " |")
+    L.append("")
+    return L
+
+
+def precise(value, goal, ok, sign=""):
+    """value with 2 decimals, or 3 where 2 would show a missed target as its goal."""
+    text = f"{value:{sign}.2f}"
+    if not ok and text == f"{goal:{sign}.2f}":
+        text = f"{value:{sign}.3f}"
+    return text
 
 
 def workload_table(name, title, results):

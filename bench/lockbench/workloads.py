@@ -1,10 +1,13 @@
 """The workloads and which systems each compares: the pgbench script (or Redis mode) and
 settings of every system in every workload, the references its ratios are taken against,
-and the lookups that find a row of a run's results by workload, system and client count.
+the project's performance targets as pairs of those systems, and the lookups that find a
+row of a run's results by workload, system and client count.
 
 This is what the runner runs and what the report and charts divide by; both read it from
-here so that a table and a chart can never compare different pairs.
+here so that a table, a chart and a target can never compare different pairs.
 """
+from collections import namedtuple
+
 from .shell import log
 from .systems import ARTICLE, EPOCH
 
@@ -88,6 +91,36 @@ SCALE_SYSTEMS = [("lockext", ""), ("lockext_epoch", EPOCH)]
 UNITS = {"cycle": "cycles/s", "contended": "hand-offs/s", "heartbeat": "renewals/s",
          "fenced": "writes/s", "shared": "cycles/s", "semaphore": "grants/s"}
 
+# The project's performance targets, each a ratio of two systems of one workload at the
+# same client count within one run. metric "tps": the system's throughput over the
+# reference's, at least goal; "wal_records": the system's WAL records per operation minus
+# the reference's, at most goal. reference SAME_COMMIT is the heartbeat's bare UPDATE
+# committed the way the row commits (floor_of). A target with system None has no pair in
+# the workloads; missing says why.
+Target = namedtuple("Target", "name workload system reference metric goal missing")
+SAME_COMMIT = "same_commit"
+TARGETS = [
+    Target("cycle, default durability", "cycle", "lockext", "floor", "tps", 0.9, None),
+    Target("cycle, epoch mode", "cycle", "lockext_epoch", "floor_async", "tps", 0.8, None),
+    Target("fenced writes, default durability", "fenced", "lockext", "article", "tps", 1.0, None),
+    Target("fenced writes, epoch mode", "fenced", "lockext_epoch", "article", "tps", 1.0, None),
+    Target("heartbeat (renew), default durability", "heartbeat", "lockext", SAME_COMMIT, "tps",
+           0.9, None),
+    Target("heartbeat (renew), client commits the renewal async", "heartbeat", "lockext_async",
+           SAME_COMMIT, "tps", 0.9, None),
+    Target("heartbeat (renew), epoch mode", "heartbeat", None, SAME_COMMIT, "tps", 0.9,
+           "the heartbeat workload has no epoch-mode system"),
+    Target("shared lease on one id, default durability", "shared", "lockext_shared",
+           "floor_shared", "tps", 0.7, None),
+    Target("shared lease on one id, epoch mode", "shared", "lockext_shared_epoch",
+           "floor_shared_async", "tps", 0.7, None),
+    Target("WAL records per cycle, default durability", "cycle", "lockext", "floor",
+           "wal_records", 1.0, None),
+    Target("WAL records per cycle, epoch mode", "cycle", "lockext_epoch", "floor_async",
+           "wal_records", 1.0, None),
+]
+
+
 def skip_epoch():
     log("BENCH_SKIP_EPOCH=1: lockext's epoch mode is left out")
     for name, entries in WORKLOADS.items():
@@ -125,3 +158,10 @@ def floor_of(workload, row, results):
     return refs
 
 
+
+def target_reference(target, row, results):
+    """The system a target's row is divided by: its reference, or for SAME_COMMIT the
+    heartbeat's floor committed the way the row commits."""
+    if target.reference == SAME_COMMIT:
+        return floor_of(target.workload, row, results)[1]
+    return target.reference
