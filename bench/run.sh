@@ -8,7 +8,8 @@
 # BENCH_HOME (/tmp/lockext-bench), BENCH_KEEP=1 (leave the scratch cluster's files),
 # BENCH_SKIP_EPOCH=1, BENCH_ALLOW_DEBUG=1.
 # Needs (scripts/bootstrap.sh): postgresql-15 (pgbench, psql), redis-server, a C compiler,
-# binutils (readelf), python3. It expects lockext to be installed (make install).
+# binutils (readelf), python3 with matplotlib (the charts). It expects lockext to be installed
+# (make install).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 pg_bin=${BENCH_PG_BIN:-/usr/lib/postgresql/15/bin}
@@ -19,6 +20,7 @@ for tool in "$pg_bin"/pg_config "$pg_bin"/initdb "$pg_bin"/pg_ctl "$pg_bin"/pgbe
 done
 command -v cc >/dev/null 2>&1 || command -v gcc >/dev/null 2>&1 || command -v clang >/dev/null 2>&1 \
     || missing+=("a C compiler")
+python3 -c 'import matplotlib' >/dev/null 2>&1 || missing+=("matplotlib (for $(command -v python3 || echo python3))")
 if [ ${#missing[@]} -gt 0 ]; then
     echo "bench: missing ${missing[*]} (run scripts/bootstrap.sh)" >&2
     exit 1

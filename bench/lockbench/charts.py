@@ -1,217 +1,232 @@
-"""The charts beside a report, as hand-written SVG (no dependencies): throughput of every
-system as a multiple of its workload's reference, one panel per workload, and latency (the
-cycle's p50 and p99, and lockext's p99 against the size of its table).
+"""The charts beside a report, drawn with matplotlib as PNG files: throughput of every
+system as a multiple of its workload's reference (one panel per workload, log scale, the
+targets measured against that reference marked), and latency (the cycle's p50 and p99 by
+system and client count, and lockext's p99 against the size of its table).
 
-They divide by the same references as the report's tables (workloads.REFERENCES).
+They show the rows that the report's tables hold, divided by the same references
+(workloads.REFERENCES), so that a bar and a table cell never disagree.
 """
+import io
 import math
+
+# A Figure of its own, not pyplot: no backend or display to choose, no global state
+# between the two charts; savefig picks the PNG writer from the file name.
+from matplotlib import patheffects
+from matplotlib.figure import Figure
+from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
+from PIL import Image
 
 from .report import fmt_ms, fmt_num, num
 from .systems import SYSTEMS
-from .workloads import REFERENCE_HEADS, REFERENCES, UNITS, WORKLOADS, find
+from .workloads import REFERENCE_HEADS, REFERENCES, TARGETS, UNITS, WORKLOADS, find
+
+PANELS = ("cycle", "contended", "heartbeat", "fenced", "shared", "semaphore")
+THROUGHPUT_TITLES = {
+    "cycle": "Cycle: acquire + release, random lock (× floor)",
+    "contended": "Contended: hand-offs on one lock (× floor)",
+    "heartbeat": "Heartbeat: renewals (× bare UPDATE, durable)",
+    "fenced": "Fenced writes (× the article's fenced UPDATE)",
+    "shared": "Shared locks: acquire + release, one id (× floor of a read lock)",
+    "semaphore": "Semaphore: grants, waiting (× one exclusive lock, waiting)",
+}
+LO, HI = 1 / 8, 64.0  # the throughput axis: ratios beyond are drawn at the edge
+TICKS = [0.125, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64]
+WIDTH = 11  # inches
+ROW = 0.2  # inches per bar (or client-count heading)
+PANEL = 0.85  # inches of title and axis per panel
+DPI = 110
+INK, MUTED, GRID, TARGET = "#24292f", "#57606a", "#d0d7de", "#cf222e"
+SHADES = ["#1f6feb", "#bf3989", "#1a7f37", "#bc4c00"]
+HALO = [patheffects.withStroke(linewidth=3, foreground="white")]
 
 
-def esc(s):
-    return s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+def clients_heading(clients):
+    return f"{clients} client{'s' if clients > 1 else ''}"
 
 
-def chart_throughput(cfg, results):
-    """One panel per workload: each system's throughput as a multiple of the floor, on a log
-    scale, grouped by client count."""
-    panels = [n for n in ("cycle", "contended", "heartbeat", "fenced", "shared", "semaphore")
-              if any(r["workload"] == n for r in results)]
-    W, left, right = 980, 250, 120
-    plot_w = W - left - right
-    bar_h, gap, group_gap = 13, 3, 16
-    lo, hi = 1 / 8, 64.0
-    ticks = [0.125, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64]
+def style(ax):
+    ax.set_axisbelow(True)
+    ax.grid(axis="x", color=GRID, linewidth=0.8)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    ax.tick_params(axis="both", labelsize=8, colors=MUTED)
+    ax.tick_params(axis="y", length=0, labelcolor=INK)
 
-    def x_of(v):
-        v = min(max(v, lo), hi)
-        return left + plot_w * (math.log(v) - math.log(lo)) / (math.log(hi) - math.log(lo))
 
-    out, y = [], 0
-    titles = {"cycle": "Cycle: acquire + release, random lock (× floor)",
-              "contended": "Contended: hand-offs on one lock (× floor)",
-              "heartbeat": "Heartbeat: renewals (× bare UPDATE, durable)",
-              "fenced": "Fenced writes (× the article's fenced UPDATE)",
-              "shared": "Shared locks: acquire + release, one id (× floor of a read lock)",
-              "semaphore": "Semaphore: grants, waiting (× one exclusive lock, waiting)"}
-    y = 50
-    for name in panels:
-        rows = [r for r in results if r["workload"] == name]
-        systems = [s for s, _, _ in WORKLOADS[name] if any(r["system"] == s for r in rows)]
+def rows_of(ax, rows):
+    """Lays out one panel's y axis: headings (client counts, bold) and one row per bar,
+    top to bottom."""
+    ax.set_yticks(range(len(rows)))
+    ax.set_yticklabels([label for _, label, *_ in rows])
+    for tick, (kind, *_) in zip(ax.get_yticklabels(), rows):
+        if kind == "heading":
+            tick.set_fontweight("bold")
+    ax.set_ylim(len(rows) - 0.5, -0.5)
+
+
+def figure(heights, title):
+    fig = Figure(figsize=(WIDTH, sum(heights) + 0.5), layout="constrained")
+    axes = fig.subplots(len(heights), 1, gridspec_kw={"height_ratios": heights}, squeeze=False)
+    fig.suptitle(title, x=0.01, ha="left", fontsize=13, fontweight="bold", color=INK)
+    return fig, [a[0] for a in axes]
+
+
+def save(fig, path):
+    """Writes the PNG with a palette of 256 colours: a third of the size of matplotlib's
+    RGBA for flat bars and text, which look the same (Pillow comes with matplotlib)."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=DPI, facecolor="white")
+    buf.seek(0)
+    with Image.open(buf) as im:
+        im.convert("RGB").quantize(colors=256, dither=Image.Dither.NONE).save(path, optimize=True)
+
+
+def panel_targets(name, ref):
+    """The targets of this workload measured against the panel's reference, other than
+    1× (the 1× line is drawn anyway): (goal, systems). The heartbeat's target is against
+    the bare UPDATE committed the way each row commits, which one line on this panel
+    cannot show; the report's targets section has it."""
+    out = {}
+    for t in TARGETS:
+        if t.workload == name and t.metric == "tps" and t.reference == ref and t.goal != 1:
+            out.setdefault(t.goal, []).append(SYSTEMS[t.system][0])
+    return sorted(out.items())
+
+
+def chart_throughput(cfg, results, path):
+    """One panel per workload: each system's throughput as a multiple of the workload's
+    last reference, on a log scale, grouped by client count. Returns whether it drew."""
+    panels = []
+    for name in PANELS:
         ref = REFERENCES[name][-1]
-        ref_head = REFERENCE_HEADS.get(name, ("× floor",))[-1]
-        out.append(f'<text x="{left}" y="{y}" class="title">{esc(titles[name])}</text>')
-        y += 12
-        top = y
-        if name == "cycle":
-            y += 12
+        rows = []
+        systems = [s for s, _, _ in WORKLOADS[name]]
         for clients in cfg.clients:
             f = find(results, name, ref, clients)
-            out.append(f'<text x="{left - 8}" y="{y + 11}" class="group" text-anchor="end">'
-                       f'{clients} client{"s" if clients > 1 else ""}</text>')
-            y += 14
-            for s in systems:
-                r = find(results, name, s, clients)
-                if not r or not f:
-                    continue
-                v = r["tps"] / f["tps"]
-                label, colour, _ = SYSTEMS[s]
-                x0, x1 = x_of(lo), x_of(v)
-                out.append(f'<text x="{left - 8}" y="{y + bar_h - 3}" class="label" '
-                           f'text-anchor="end">{esc(label)}</text>')
-                out.append(f'<rect x="{x0:.1f}" y="{y}" width="{max(x1 - x0, 1):.1f}" height="{bar_h}" '
-                           f'fill="{colour}"><title>{esc(label)}, {clients} clients: '
-                           f'{r["tps"]:.0f} {UNITS[name]}, {v:.2f}{ref_head}</title></rect>')
-                out.append(f'<text x="{x1 + 4:.1f}" y="{y + bar_h - 3}" class="value">'
-                           f'{v:.2f}× · {fmt_num(r["tps"])}/s</text>')
-                y += bar_h + gap
-            y += group_gap - gap
-        bottom = y
-        for t in ticks:
-            x = x_of(t)
-            cls = "one" if t == 1 else "grid"
-            out.append(f'<line x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{bottom}" class="{cls}"/>')
-            out.append(f'<text x="{x:.1f}" y="{bottom + 12}" class="tick" text-anchor="middle">'
-                       f'{t:g}×</text>')
-        if name == "cycle":
-            x = x_of(0.9)
-            out.append(f'<line x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{bottom}" class="target"/>')
-            out.append(f'<text x="{x - 3:.1f}" y="{top + 9}" class="tick" text-anchor="end">target 0.9×</text>')
-            x = x_of(2)
-            out.append(f'<line x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{bottom}" class="target"/>')
-            out.append(f'<text x="{x + 3:.1f}" y="{top + 9}" class="tick">epoch target 2×</text>')
-        y = bottom + 44
-    H = y
-    head = (f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" '
-            f'viewBox="0 0 {W} {H}" font-family="DejaVu Sans, Helvetica, Arial, sans-serif">'
-            '<style>.title{font-size:14px;font-weight:bold;fill:#24292f}'
-            '.group{font-size:11px;font-weight:bold;fill:#24292f}.label{font-size:11px;fill:#24292f}'
-            '.value{font-size:10px;fill:#424a53;paint-order:stroke;stroke:white;stroke-width:3px;stroke-linejoin:round}.tick{font-size:10px;fill:#57606a;paint-order:stroke;stroke:white;stroke-width:3px;stroke-linejoin:round}'
-            '.grid{stroke:#d0d7de;stroke-width:1}.one{stroke:#24292f;stroke-width:1.5}'
-            '.target{stroke:#cf222e;stroke-width:1;stroke-dasharray:4 3}</style>'
-            f'<rect width="{W}" height="{H}" fill="white"/>'
-            f'<text x="16" y="24" font-size="17" font-weight="bold" fill="#24292f">'
-            f'lockext side by side: throughput, log scale (1× = the reference named in '
-            f'each panel\'s title)</text>')
-    return head + "".join(out) + "</svg>\n"
-
-
-def nice_step(raw):
-    """The smallest 1, 2 or 5 times a power of ten that is at least raw."""
-    p = 10 ** math.floor(math.log10(raw))
-    for m in (1, 2, 5, 10):
-        if m * p >= raw:
-            return round(m * p, 10)
-    return 10 * p
-
-
-def chart_latency(cfg, results):
-    """p99 of the cycle by system and client count, and of lockext across table sizes."""
-    rows = [r for r in results if r["workload"] == "cycle"]
-    systems = [s for s, _, _ in WORKLOADS["cycle"] if any(r["system"] == s for r in rows)]
-    W, left = 980, 250
-    plot_w = W - left - 120
-    vals = [r[k] for r in rows for k in ("p50", "p99") if r[k] > 0]
-    if not vals:
-        return None
-    lo = 10 ** math.floor(math.log10(min(vals)))
-    hi = 10 ** math.ceil(math.log10(max(vals)))
-
-    def x_of(v):
-        v = min(max(v, lo), hi)
-        return left + plot_w * (math.log(v) - math.log(lo)) / (math.log(hi) - math.log(lo))
-
-    out, y = [], 50
-    out.append(f'<text x="{left}" y="{y}" class="title">Cycle latency: p50 (dark) and p99 '
-               '(light), ms, log scale</text>')
-    y += 12
-    top = y
-    for clients in cfg.clients:
-        out.append(f'<text x="{left - 8}" y="{y + 11}" class="group" text-anchor="end">'
-                   f'{clients} client{"s" if clients > 1 else ""}</text>')
-        y += 14
-        for s in systems:
-            r = find(results, "cycle", s, clients)
-            if not r:
+            bars = [(s, find(results, name, s, clients)) for s in systems]
+            bars = [(s, r) for s, r in bars if r and f]
+            if not bars:
                 continue
-            label, colour, _ = SYSTEMS[s]
-            x0 = x_of(lo)
-            out.append(f'<text x="{left - 8}" y="{y + 10}" class="label" text-anchor="end">{esc(label)}</text>')
-            out.append(f'<rect x="{x0:.1f}" y="{y}" width="{max(x_of(r["p99"]) - x0, 1):.1f}" height="13" '
-                       f'fill="{colour}" opacity="0.35"/>')
-            out.append(f'<rect x="{x0:.1f}" y="{y + 3}" width="{max(x_of(r["p50"]) - x0, 1):.1f}" '
-                       f'height="7" fill="{colour}"/>')
-            out.append(f'<text x="{x_of(r["p99"]) + 4:.1f}" y="{y + 10}" class="value">'
-                       f'{fmt_ms(r["p50"])} / {fmt_ms(r["p99"])} ms</text>')
-            y += 16
-        y += 12
-    bottom = y
-    t = lo
+            rows.append(("heading", clients_heading(clients)))
+            rows += [("bar", SYSTEMS[s][0], s, r["tps"] / f["tps"], r["tps"]) for s, r in bars]
+        if rows:
+            panels.append((name, ref, rows))
+    if not panels:
+        return False
+    fig, axes = figure([len(rows) * ROW + PANEL for _, _, rows in panels],
+                       "lockext side by side: throughput, log scale (1× = the reference named "
+                       "in each panel's title)")
+    for ax, (name, ref, rows) in zip(axes, panels):
+        ax.set_xscale("log")
+        style(ax)
+        rows_of(ax, rows)
+        for y, (kind, label, *bar) in enumerate(rows):
+            if kind != "bar":
+                continue
+            system, v, tps = bar
+            shown = min(max(v, LO), HI)
+            ax.barh(y, shown - LO, left=LO, height=0.72, color=SYSTEMS[system][1])
+            ax.text(shown * 1.06, y, f"{v:.2f}× · {fmt_num(tps)}/s", va="center", fontsize=7.5,
+                    color=MUTED, path_effects=HALO)
+        ax.axvline(1, color=INK, linewidth=1.3)
+        for goal, who in panel_targets(name, ref):
+            ax.axvline(goal, color=TARGET, linewidth=1, linestyle=(0, (4, 3)))
+            ax.text(goal / 1.04, 0, f"target {goal:g}× for {', '.join(who)}", ha="right",
+                    va="center", fontsize=7.5, color=TARGET, path_effects=HALO)
+        ax.set_xlim(LO, HI)
+        ax.xaxis.set_major_locator(FixedLocator(TICKS))
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda t, _: f"{t:g}×"))
+        head = REFERENCE_HEADS.get(name, ("× floor",))[-1]
+        ax.set_title(THROUGHPUT_TITLES[name], loc="left", fontsize=10.5, fontweight="bold",
+                     color=INK)
+        ax.set_xlabel(f"{UNITS[name]} {head}", fontsize=8, color=MUTED)
+    save(fig, path)
+    return True
+
+
+def log_ticks(lo, hi):
+    """1, 2 and 5 times the powers of ten from lo to hi."""
+    out, t = [], lo
     while t <= hi * 1.0001:
-        for m in (1, 2, 5):
-            v = t * m
-            if v > hi * 1.0001:
-                break
-            x = x_of(v)
-            out.append(f'<line x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{bottom}" class="grid"/>')
-            out.append(f'<text x="{x:.1f}" y="{bottom + 12}" class="tick" text-anchor="middle">'
-                       f'{round(v, 6):g}</text>')
+        out += [round(t * m, 6) for m in (1, 2, 5) if t * m <= hi * 1.0001]
         t *= 10
-    y = bottom + 40
-    # scale: p99 against table size, one line per client count and mode
-    pts = [r for r in results if r["workload"] == "scale"]
-    if pts:
-        sizes = sorted({r["leases"] for r in pts})
-        out.append(f'<text x="{left}" y="{y}" class="title">Scale: lockext cycle p99 (ms) '
-                   'against live leases in the table</text>')
-        y += 14
-        ph = 150
-        pvals = [r["p99"] for r in pts]
-        step = nice_step(max(pvals) * 1.1 / 4)
-        ymax = step * 4
-        x_at = {s: left + 60 + i * (plot_w - 120) / max(len(sizes) - 1, 1) for i, s in enumerate(sizes)}
-        for k in range(5):
-            v = ymax * k / 4
-            yy = y + ph - ph * k / 4
-            out.append(f'<line x1="{left}" y1="{yy:.1f}" x2="{left + plot_w}" y2="{yy:.1f}" class="grid"/>')
-            out.append(f'<text x="{left - 6}" y="{yy + 3:.1f}" class="tick" text-anchor="end">{v:g}</text>')
-        for s in sizes:
-            out.append(f'<text x="{x_at[s]:.1f}" y="{y + ph + 14}" class="tick" text-anchor="middle">'
-                       f'{num(s)} leases</text>')
-        dashes = {"lockext": "", "lockext_epoch": ' stroke-dasharray="5 3"'}
-        shades = ["#1f6feb", "#bf3989", "#1a7f37", "#bc4c00"]
-        legend_y = y
+    return out
+
+
+def chart_latency(cfg, results, path):
+    """The cycle's p50 (dark) and p99 (light) by system and client count, on a log scale,
+    and lockext's cycle p99 against the number of live leases in its table (the scale
+    workload), one line per client count and mode. Returns whether it drew."""
+    cycle = [r for r in results if r["workload"] == "cycle"]
+    scale = [r for r in results if r["workload"] == "scale"]
+    rows = []
+    systems = [s for s, _, _ in WORKLOADS["cycle"] if any(r["system"] == s for r in cycle)]
+    for clients in cfg.clients:
+        pts = [find(results, "cycle", s, clients) for s in systems]
+        pts = [p for p in pts if p]
+        if pts:
+            rows.append(("heading", clients_heading(clients)))
+            rows += [("bar", p["label"], p) for p in pts]
+    vals = [p[k] for _, _, *rest in rows for p in rest for k in ("p50", "p99") if p[k] > 0]
+    heights = []
+    if vals:
+        heights.append(len(rows) * ROW + PANEL)
+    if scale:
+        heights.append(2.6)
+    if not heights:
+        return False
+    fig, axes = figure(heights, "lockext benchmarks: latency")
+    axes = iter(axes)
+    if vals:
+        ax = next(axes)
+        lo = 10 ** math.floor(math.log10(min(vals)))
+        hi = max(vals) * 4  # room for the labels right of the longest bar
+        ax.set_xscale("log")
+        style(ax)
+        rows_of(ax, rows)
+        for y, (kind, _, *rest) in enumerate(rows):
+            if kind != "bar":
+                continue
+            p = rest[0]
+            colour = SYSTEMS[p["system"]][1]
+            ax.barh(y, p["p99"] - lo, left=lo, height=0.8, color=colour, alpha=0.35)
+            ax.barh(y, p["p50"] - lo, left=lo, height=0.4, color=colour)
+            ax.text(p["p99"] * 1.08, y, f"{fmt_ms(p['p50'])} / {fmt_ms(p['p99'])} ms",
+                    va="center", fontsize=7.5, color=MUTED, path_effects=HALO)
+        ax.set_xlim(lo, hi)
+        ax.xaxis.set_major_locator(FixedLocator(log_ticks(lo, hi)))
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda t, _: f"{t:g}"))
+        ax.set_title("Cycle latency: p50 (dark) and p99 (light), ms, log scale", loc="left",
+                     fontsize=10.5, fontweight="bold", color=INK)
+        ax.set_xlabel("ms per cycle (acquire + release)", fontsize=8, color=MUTED)
+    if scale:
+        ax = next(axes)
+        sizes = sorted({r["leases"] for r in scale})
+        style(ax)
+        ax.grid(axis="y", color=GRID, linewidth=0.8)
         for ci, clients in enumerate(cfg.clients):
-            for system in ("lockext", "lockext_epoch"):
-                line = sorted((r for r in pts if r["clients"] == clients and r["system"] == system),
+            for system, dash in (("lockext", "-"), ("lockext_epoch", "--")):
+                line = sorted((r for r in scale if r["clients"] == clients and r["system"] == system),
                               key=lambda r: r["leases"])
                 if not line:
                     continue
-                coords = " ".join(f"{x_at[r['leases']]:.1f},{y + ph - ph * r['p99'] / ymax:.1f}" for r in line)
-                colour = shades[ci % len(shades)]
-                out.append(f'<polyline points="{coords}" fill="none" stroke="{colour}" '
-                           f'stroke-width="2"{dashes[system]}/>')
-                for r in line:
-                    out.append(f'<circle cx="{x_at[r["leases"]]:.1f}" cy="{y + ph - ph * r["p99"] / ymax:.1f}" '
-                               f'r="3" fill="{colour}"><title>{clients} clients, {SYSTEMS[system][0]}, '
-                               f'{r["leases"]} leases: p99 {r["p99"]:.3f} ms</title></circle>')
-                out.append(f'<line x1="{left + plot_w + 10}" y1="{legend_y + 4}" x2="{left + plot_w + 30}" '
-                           f'y2="{legend_y + 4}" stroke="{colour}" stroke-width="2"{dashes[system]}/>')
-                out.append(f'<text x="{left + plot_w + 34}" y="{legend_y + 8}" class="value">{clients}c'
-                           f'{" epoch" if system == "lockext_epoch" else ""}</text>')
-                legend_y += 13
-        y += ph + 40
-    H = y
-    head = (f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" '
-            f'viewBox="0 0 {W} {H}" font-family="DejaVu Sans, Helvetica, Arial, sans-serif">'
-            '<style>.title{font-size:14px;font-weight:bold;fill:#24292f}'
-            '.group{font-size:11px;font-weight:bold;fill:#24292f}.label{font-size:11px;fill:#24292f}'
-            '.value{font-size:10px;fill:#424a53;paint-order:stroke;stroke:white;stroke-width:3px;stroke-linejoin:round}.tick{font-size:10px;fill:#57606a;paint-order:stroke;stroke:white;stroke-width:3px;stroke-linejoin:round}'
-            '.grid{stroke:#d0d7de;stroke-width:1}</style>'
-            f'<rect width="{W}" height="{H}" fill="white"/>'
-            f'<text x="16" y="24" font-size="17" font-weight="bold" fill="#24292f">'
-            f'lockext benchmarks: latency</text>')
-    return head + "".join(out) + "</svg>\n"
+                ax.plot([sizes.index(r["leases"]) for r in line], [r["p99"] for r in line],
+                        linestyle=dash, marker="o", markersize=4, linewidth=2,
+                        color=SHADES[ci % len(SHADES)],
+                        label=f"{clients_heading(clients)}"
+                              f"{', epoch mode' if system == 'lockext_epoch' else ''}")
+        ax.set_xticks(range(len(sizes)))
+        ax.set_xticklabels([f"{num(s)} leases" for s in sizes])
+        ax.set_xlim(-0.3, len(sizes) - 0.7)
+        ax.set_ylim(0, max(r["p99"] for r in scale) * 1.15)
+        ax.set_ylabel("cycle p99, ms", fontsize=8, color=MUTED)
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8, frameon=False)
+        ax.set_title("Scale: lockext cycle p99 (ms) against live leases in the table", loc="left",
+                     fontsize=10.5, fontweight="bold", color=INK)
+    save(fig, path)
+    return True
+
+
+CHARTS = (("-throughput.png", chart_throughput), ("-latency.png", chart_latency))

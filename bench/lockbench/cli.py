@@ -12,7 +12,7 @@ import os
 import socket
 import time
 
-from .charts import chart_latency, chart_throughput
+from .charts import CHARTS
 from .cluster import Cluster, Redis, psql, psql_file
 from .config import (HERE, PG_HOME, PG_PORT, ROOT, SOURCE_PG_BIN, TMP, Config, allow_debug, config,
                      keep_cluster, skip_epoch_requested)
@@ -116,26 +116,30 @@ def run_all(cfg, cluster, only, started, is_debug):
         outdir, base = os.path.join(TMP, "partial"), datetime.datetime.now().strftime("%Y-%m-%d-%H%M")
     else:
         outdir, base = os.path.join(HERE, "results"), datetime.datetime.now().strftime("%Y-%m-%d")
-    path = write_outputs(cfg, results, meta, outdir, base)
+    path = write_outputs(cfg, results, meta, outdir, base, require_charts=cfg.smoke and not only)
     log(f"report: {os.path.relpath(path, ROOT)} ({elapsed:.0f} s)")
 
 
-def write_outputs(cfg, results, meta, outdir, base):
+def write_outputs(cfg, results, meta, outdir, base, require_charts=False):
+    """Writes the JSON (first, so that a chart that fails loses no measurement: --render
+    draws again from it), the charts and the markdown. require_charts (a smoke run of
+    every workload, as CI runs it) makes a chart that draws nothing an error."""
     os.makedirs(outdir, exist_ok=True)
-    charts = []
-    for suffix, make in (("-throughput.svg", chart_throughput), ("-latency.svg", chart_latency)):
-        svg = make(cfg, results)
-        if svg:
-            with open(os.path.join(outdir, base + suffix), "w") as f:
-                f.write(svg)
+    with open(os.path.join(outdir, base + ".json"), "w") as f:
+        json.dump({"meta": meta, "results": results}, f, indent=1, default=str)
+    charts, undrawn = [], []
+    for suffix, draw in CHARTS:
+        if draw(cfg, results, os.path.join(outdir, base + suffix)):
             charts.append(base + suffix)
+        else:
+            undrawn.append(base + suffix)
     md = report(cfg, results, meta, charts)
     md += f"Total run time: {meta['elapsed_s'] / 60:.1f} min.\n"
     path = os.path.join(outdir, base + ".md")
     with open(path, "w") as f:
         f.write(md)
-    with open(os.path.join(outdir, base + ".json"), "w") as f:
-        json.dump({"meta": meta, "results": results}, f, indent=1, default=str)
+    if require_charts and undrawn:
+        raise BenchError(f"no {', '.join(undrawn)}: every workload ran, so the chart code broke")
     return path
 
 
