@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# lockext benchmarks, side by side (issue 6).
+# lockext benchmarks, side by side.
 #   bash bench/run.sh            full run (make bench): ~15 min, writes bench/results/<date>.md
 #   bash bench/run.sh --smoke    every script once, briefly (make bench-smoke, CI): < 1 min
 # Environment: BENCH_SECONDS (per round, default 2), BENCH_ROUNDS (default 2), BENCH_CLIENTS (1,16,64),

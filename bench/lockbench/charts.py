@@ -190,8 +190,9 @@ def chart_latency(cfg, results, path):
                 continue
             p = rest[0]
             colour = SYSTEMS[p["system"]][1]
-            ax.barh(y, p["p99"] - lo, left=lo, height=0.8, color=colour, alpha=0.35)
-            ax.barh(y, p["p50"] - lo, left=lo, height=0.4, color=colour)
+            # log scale: a value below the axis (0) is drawn as no bar, not a negative one
+            ax.barh(y, max(p["p99"], lo) - lo, left=lo, height=0.8, color=colour, alpha=0.35)
+            ax.barh(y, max(p["p50"], lo) - lo, left=lo, height=0.4, color=colour)
             ax.text(p["p99"] * 1.08, y, f"{fmt_ms(p['p50'])} / {fmt_ms(p['p99'])} ms",
                     va="center", fontsize=7.5, color=MUTED, path_effects=HALO)
         ax.set_xlim(lo, hi)

@@ -1,5 +1,5 @@
 """The servers a run starts and talks to: the scratch PostgreSQL cluster, run from a
-snapshot of the installed PostgreSQL and lockext (Cluster, psql), the check that the
+snapshot of BENCH_PG_BIN's PostgreSQL and its lockext (Cluster, psql), the check that the
 snapshot's lockext is a release build, and the scratch Redis with its RESP client.
 
 Nothing here measures: the runner drives pgbench and redisbench against these servers.

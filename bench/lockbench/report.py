@@ -1,7 +1,7 @@
-"""The report of a run, in markdown: the targets met or missed, one table per workload
-(each row against the workload's references at the same client count), scale and reaper,
-what each system runs, the older issue-6 targets, where a cycle's time goes, the set-up;
-and the number formats that the charts share.
+"""The report of a run, in markdown: the performance targets met or missed, one table per
+workload (each row against the workload's references at the same client count), scale and
+reaper, what each system runs, the older targets (against the floor and the article, scale
+p99), where a cycle's time goes, the set-up; and the number formats the charts share.
 
 Everything is computed from the run's result rows (runner.py), so that `--render` of a
 run's JSON writes the same report again.
