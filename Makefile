@@ -10,6 +10,8 @@
 
 PG_CONFIG  ?= /usr/lib/postgresql/15/bin/pg_config
 PGXS_TEST  := $(shell dirname $$($(PG_CONFIG) --pgxs 2>/dev/null || echo .))/../test
+# PORT: the scratch cluster's port (make run PORT=5500), written into its postgresql.conf when
+# scripts/cluster.sh creates it, in /tmp/lockext (or $LOCKEXT_HOME): destroy it to change the port.
 PORT       ?= 5499
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 export LOCKEXT_PORT := $(PORT)
