@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Two builds of lockext.so, side by side on one scratch cluster: the library is swapped (and
 # the server restarted) between runs, in rounds, so that the machine's drift hits both.
-#   bash bench/ab.sh A.so B.so [rounds]     (each .so from `cargo pgrx package`)
+#   bash bench/ab.sh A.so B.so [rounds]     (each .so from `cargo pgrx package`; AB_CLIENTS="1 16")
 # Prints cycles/s of bench/pgbench/cycle_lockext.sql per build, mode and client count, and
 # leaves the installed library as it found it. For a CPU profile of one build, see
 # docs/profile-2026-12-01.md.
@@ -27,7 +27,7 @@ for round in $(seq "$ROUNDS"); do
     for mode in grant epoch; do
       opts=""
       [ "$mode" = epoch ] && opts="-c lockext.durability=epoch -c synchronous_commit=off"
-      for c in 1 16; do
+      for c in ${AB_CLIENTS:-1 16}; do
         tps=$(PGOPTIONS="$opts" $PGB -n -M prepared -c "$c" -j 2 -T 8 -D keys=100000 \
                 -h 127.0.0.1 -p "$LOCKEXT_PORT" -U postgres -f bench/pgbench/cycle_lockext.sql postgres \
               2>/dev/null | sed -n 's/^tps = \([0-9.]*\).*/\1/p')

@@ -163,7 +163,7 @@ fn clear_reserving(key: Key) {
 }
 
 static READ_SEQUENCE: Statement = Statement {
-    sql: "SELECT CASE WHEN s.is_called THEN s.last_value ELSE 0 END, q.seqmax \
+    sql: "SELECT CASE WHEN s.is_called THEN s.last_value ELSE 0 END AS counter, q.seqmax AS max \
             FROM lockext.fence_token_seq s, pg_catalog.pg_sequence q \
            WHERE q.seqrelid = $1",
     params: &[OIDOID],
@@ -214,8 +214,8 @@ fn start_slot(
     sequence: pg_sys::Oid,
 ) -> Result<Slot, LockError> {
     let row = READ_SEQUENCE.run(client, &[sequence.into()])?.first();
-    let value = row.get::<i64>(1)?.unwrap_or(0);
-    let max = row.get::<i64>(2)?.unwrap_or(0);
+    let value = row.get_by_name::<i64, _>("counter")?.unwrap_or(0);
+    let max = row.get_by_name::<i64, _>("max")?.unwrap_or(0);
     let mut table = TABLE.exclusive();
     let now = table.clock;
     let slot = Slot {

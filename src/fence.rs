@@ -65,7 +65,7 @@ static HIGH_WATER_MARK: Statement = Statement {
 static EXCLUSIVE_GRANT_LIVE: Statement = Statement {
     sql: "SELECT EXISTS (SELECT FROM lockext.locks \
                           WHERE lock_id = $1 AND fence_token = $2 AND holder_role = $3 \
-                            AND expires_at > clock_timestamp())",
+                            AND expires_at > clock_timestamp()) AS live",
     params: &[TEXTOID, INT8OID, OIDOID],
 };
 
@@ -76,7 +76,7 @@ static OWN_LEASE_LIVE: Statement = Statement {
                             AND expires_at > clock_timestamp()) \
               OR EXISTS (SELECT FROM lockext.shared_leases \
                           WHERE lock_id = $1 AND fence_token = $2 AND holder_role = $3 \
-                            AND expires_at > clock_timestamp())",
+                            AND expires_at > clock_timestamp()) AS live",
     params: &[TEXTOID, INT8OID, OIDOID],
 };
 
@@ -91,7 +91,7 @@ static LEASE_IS_LIVE: Statement = Statement {
     sql: "SELECT EXISTS (SELECT FROM lockext.locks \
                           WHERE lock_id = $1 AND fence_token = $2 AND expires_at > clock_timestamp()) \
               OR EXISTS (SELECT FROM lockext.shared_leases \
-                          WHERE lock_id = $1 AND fence_token = $2 AND expires_at > clock_timestamp())",
+                          WHERE lock_id = $1 AND fence_token = $2 AND expires_at > clock_timestamp()) AS live",
     params: &[TEXTOID, INT8OID],
 };
 
@@ -296,7 +296,10 @@ fn refusal(resource_id: &str, fence_token: i64) -> Result<Option<String>, LockEr
             return Ok::<_, LockError>((None, None));
         }
         let row = rows.first();
-        Ok((row.get::<i64>(1)?, row.get::<String>(2)?))
+        Ok((
+            row.get_by_name::<i64, _>("fence_token")?,
+            row.get_by_name::<String, _>("lock_id")?,
+        ))
     })?;
     if let Some(guard) = guard {
         if !read_now(&OWN_LEASE_LIVE, &guard, fence_token, Some(caller::role())) {
@@ -313,7 +316,8 @@ fn refusal(resource_id: &str, fence_token: i64) -> Result<Option<String>, LockEr
     })
 }
 
-/// A yes-or-no question about a grant (of `role`'s, when given), under the newest snapshot.
+/// A yes-or-no question about a grant (of `role`'s, when given), under the newest snapshot:
+/// its column `live`.
 fn read_now(
     question: &'static Statement,
     lock_id: &str,
@@ -327,6 +331,6 @@ fn read_now(
     Spi::connect_mut(|_| {
         question
             .read_latest(&args)
-            .and_then(|row| row.get::<bool>(1))
+            .and_then(|row| row.get::<bool>("live"))
     }) == Some(true)
 }

@@ -24,10 +24,51 @@ use crate::xact;
 
 pub type Grant = pgrx::composite_type!('static, "lock_grant");
 
-// Parameters shared by the acquire statements: $1 lock_id, $2 owner, $3 calling role,
-// $4 ttl, $5 now, $6 the new grant's token (`token::mint`, once the grant is decided),
-// $7 the new grant's lock-delay, $8 the session the lease is bound to (NULL: none), $9 the
-// semaphore's permits and $10 the permit's slot (shared_leases only).
+/// The parameters of every acquire statement, by name; `datums` lays them out as the
+/// statements number them (`ACQUIRE_PARAMS`).
+pub struct Params<'a> {
+    /// $1, $2: the lock id and the caller's owner name.
+    pub lock_id: &'a str,
+    pub owner: &'a str,
+    /// $3: the calling role (`caller::role`), the holder of what is granted.
+    pub role: pg_sys::Oid,
+    /// $4: the lease's time to live.
+    pub ttl: Interval,
+    /// $5: the call's clock, read once per try (`backend::now`).
+    pub now: TimestampWithTimeZone,
+    /// $6: the new grant's token, minted once the grant is decided (`token::mint`).
+    pub token: Option<i64>,
+    /// $7: the new grant's lock-delay.
+    pub lock_delay: Interval,
+    /// $8: the session the lease is bound to (`session::bind`), or none.
+    pub session: Option<TimestampWithTimeZone>,
+    /// $9, $10: a semaphore's permits, and the slot its taker claimed (shared_leases only).
+    pub permits: Option<i32>,
+    pub slot: Option<i32>,
+}
+
+impl Params<'_> {
+    pub fn datums(&self) -> [DatumWithOid<'_>; 10] {
+        [
+            self.lock_id.into(),
+            self.owner.into(),
+            self.role.into(),
+            self.ttl.into(),
+            self.now.into(),
+            self.token.into(),
+            self.lock_delay.into(),
+            self.session.into(),
+            self.permits.into(),
+            self.slot.into(),
+        ]
+    }
+
+    /// The call's clock in PostgreSQL's microseconds.
+    pub fn now_micros(&self) -> i64 {
+        self.now.into_inner()
+    }
+}
+
 pub(crate) const ACQUIRE_PARAMS: &[pg_sys::PgBuiltInOids] = &[
     TEXTOID,
     TEXTOID,
@@ -74,10 +115,10 @@ pub static CLEAR_DEAD_SLOT: Statement = Statement {
 pub fn clear_dead(
     client: &mut SpiClient<'_>,
     statement: &'static Statement,
-    args: &Args<'_>,
+    params: &Params<'_>,
 ) -> Result<bool, LockError> {
     let cleared = xact::kept_if_found(|| {
-        let all_gone = first_value::<bool>(statement.run(client, &args[..])?)? == Some(true);
+        let all_gone = first_value::<bool>(statement.run(client, &params.datums())?)? == Some(true);
         Ok(all_gone.then_some(()))
     })?;
     Ok(cleared.is_some())
@@ -89,8 +130,9 @@ pub fn clear_dead(
 // faster in the executor than joins and aggregates that summed them up in SQL
 // (docs/profile-2026-12-01.md).
 static LOOK: Statement = Statement {
-    sql: "SELECT false, expires_at, lockext.free_at(expires_at, lock_delay), \
-                 owner = $2 AND holder_role = $3, owner = $2, NULL::integer \
+    sql: "SELECT false AS shared, expires_at, lockext.free_at(expires_at, lock_delay) AS free_at, \
+                 owner = $2 AND holder_role = $3 AS mine, owner = $2 AS owner_named, \
+                 NULL::integer AS permits \
             FROM lockext.locks WHERE lock_id = $1 \
           UNION ALL \
           SELECT true, expires_at, lockext.free_at(expires_at, lock_delay), \
@@ -126,27 +168,23 @@ impl Seen {
     }
 }
 
-/// Every lease of the lock id in `args`, under the newest snapshot, and the call's clock.
-pub fn look_at(args: &Args<'_>) -> (Vec<Seen>, i64) {
-    let now = args[4]
-        .datum()
-        .map(|d| d.sans_lifetime().value() as i64)
-        .unwrap_or(i64::MAX);
+/// Every lease of the lock id in `params`, under the newest snapshot, and the call's clock.
+pub fn look_at(params: &Params<'_>) -> (Vec<Seen>, i64) {
     let leases = LOOK
-        .read_latest_all(&args[..])
+        .read_latest_all(&params.datums())
         .into_iter()
         .filter_map(|row| {
             Some(Seen {
-                shared: row.get::<bool>(1)?,
-                expires_at: row.get::<i64>(2)?,
-                free_at: row.get::<i64>(3)?,
-                mine: row.get::<bool>(4) == Some(true),
-                owner_named: row.get::<bool>(5) == Some(true),
-                permits: row.get::<i32>(6),
+                shared: row.get::<bool>("shared")?,
+                expires_at: row.get::<i64>("expires_at")?,
+                free_at: row.get::<i64>("free_at")?,
+                mine: row.get::<bool>("mine") == Some(true),
+                owner_named: row.get::<bool>("owner_named") == Some(true),
+                permits: row.get::<i32>("permits"),
             })
         })
         .collect();
-    (leases, now)
+    (leases, params.now_micros())
 }
 
 /// What kind of lease an acquire asks for.
@@ -238,8 +276,6 @@ impl<'a> Request<'a> {
     }
 }
 
-pub type Args<'a> = [DatumWithOid<'a>; 10];
-
 /// What one try came to: the grant, or none and, when the lock is held, how soon it will be
 /// free unless its holders renew.
 pub type Attempt = (Option<Granted>, Option<Duration>);
@@ -256,7 +292,7 @@ macro_rules! extend_sql {
                        FOR UPDATE SKIP LOCKED) AS c \
               WHERE l.lock_id = c.lock_id AND l.owner = c.owner",
             grant_returning!(),
-            "false, c.old_token"
+            "false AS minted, c.old_token AS previous_token"
         )
     };
 }
@@ -275,10 +311,10 @@ static EXTEND: [Statement; 2] = [
 pub fn extend_own(
     client: &mut SpiClient<'_>,
     request: &Request<'_>,
-    args: &Args<'_>,
+    params: &Params<'_>,
 ) -> Result<Option<Granted>, LockError> {
     let table = usize::from(request.kind != Kind::Exclusive);
-    grant_by(client, &EXTEND[table], args)
+    grant_by(client, &EXTEND[table], params)
 }
 
 /// Runs an acquire statement that changes a lease row it locks `FOR UPDATE SKIP LOCKED`
@@ -290,9 +326,9 @@ pub fn extend_own(
 fn grant_by(
     client: &mut SpiClient<'_>,
     statement: &'static Statement,
-    args: &[DatumWithOid<'_>],
+    params: &Params<'_>,
 ) -> Result<Option<Granted>, LockError> {
-    xact::kept_if_found(|| grant_row(statement.run(client, args)?))
+    xact::kept_if_found(|| grant_row(statement.run(client, &params.datums())?))
 }
 
 /// Grants the lease, past the gate and the look: the caller's own live lease is extended
@@ -303,26 +339,25 @@ fn grant_by(
 pub fn take(
     client: &mut SpiClient<'_>,
     request: &Request<'_>,
-    args: &mut Args<'_>,
+    params: &mut Params<'_>,
     mine_live: bool,
     row_exists: bool,
     take_over: &'static Statement,
     insert: &'static Statement,
 ) -> Result<Option<Granted>, LockError> {
     if mine_live {
-        if let Some(grant) = extend_own(client, request, args)? {
+        if let Some(grant) = extend_own(client, request, params)? {
             return Ok(Some(grant));
         }
     }
-    args[5] = token::mint(client)?.into();
-    let args = &args[..];
+    params.token = Some(token::mint(client)?);
     if row_exists {
-        return grant_by(client, take_over, args);
+        return grant_by(client, take_over, params);
     }
     // ON CONFLICT DO NOTHING locks nothing: no subtransaction is needed for the insert.
-    match grant_row(insert.run(client, args)?)? {
+    match grant_row(insert.run(client, &params.datums())?)? {
         Some(grant) => Ok(Some(grant)),
-        None => grant_by(client, take_over, args),
+        None => grant_by(client, take_over, params),
     }
 }
 
@@ -394,12 +429,12 @@ fn grant_row(rows: pgrx::spi::SpiTupleTable<'_>) -> Result<Option<Granted>, Lock
         Some(expires_at),
         Some(minted),
     ) = (
-        row.get::<String>(1)?,
-        row.get::<String>(2)?,
-        row.get::<i64>(3)?,
-        row.get::<TimestampWithTimeZone>(4)?,
-        row.get::<TimestampWithTimeZone>(5)?,
-        row.get::<bool>(6)?,
+        row.get_by_name::<String, _>("lock_id")?,
+        row.get_by_name::<String, _>("owner")?,
+        row.get_by_name::<i64, _>("fence_token")?,
+        row.get_by_name::<TimestampWithTimeZone, _>("acquired_at")?,
+        row.get_by_name::<TimestampWithTimeZone, _>("expires_at")?,
+        row.get_by_name::<bool, _>("minted")?,
     )
     else {
         return Ok(None);
@@ -412,6 +447,6 @@ fn grant_row(rows: pgrx::spi::SpiTupleTable<'_>) -> Result<Option<Granted>, Lock
         expires_at,
         minted,
         took_over: false,
-        previous_token: row.get::<i64>(7)?,
+        previous_token: row.get_by_name::<i64, _>("previous_token")?,
     }))
 }

@@ -26,7 +26,7 @@ use crate::claims;
 use crate::commit;
 use crate::error::{self, LockError, OrReport};
 use crate::grant::{
-    clear_dead, extend_own, look_at, millis, take, Args, Attempt, Granted, Kind, Request,
+    clear_dead, extend_own, look_at, millis, take, Attempt, Granted, Kind, Params, Request,
     ACQUIRE_PARAMS, CLEAR_DEAD_SHARED,
 };
 use crate::settings;
@@ -56,9 +56,9 @@ struct Look {
 }
 
 impl Look {
-    fn read(args: &Args<'_>) -> Look {
+    fn read(params: &Params<'_>) -> Look {
         let mut look = Look::default();
-        let (leases, now) = look_at(args);
+        let (leases, now) = look_at(params);
         for lease in leases {
             if !lease.shared {
                 look.exclusive_row = true;
@@ -91,7 +91,7 @@ static TAKE_OVER: Statement = Statement {
                     FOR UPDATE SKIP LOCKED) AS c \
           WHERE l.lock_id = c.lock_id",
         grant_returning!(),
-        "NOT c.same_grant, c.old_token"
+        "NOT c.same_grant AS minted, c.old_token AS previous_token"
     ),
     params: ACQUIRE_PARAMS,
 };
@@ -105,10 +105,50 @@ static INSERT_NEW: Statement = Statement {
            inet_client_addr()) \
          ON CONFLICT (lock_id) DO NOTHING",
         grant_returning!(),
-        "true, NULL::bigint"
+        "true AS minted, NULL::bigint AS previous_token"
     ),
     params: ACQUIRE_PARAMS,
 };
+
+/// The parameters of renew, release and `HELD_BY_CALLER`, by name; `datums` lays them out
+/// as $1..$5 (`HELD_PARAMS`), and a renewal adds the new time to live as $6.
+struct Held<'a> {
+    lock_id: &'a str,
+    owner: &'a str,
+    /// The calling role: the lease's holder, or a `lockext_admin` member.
+    role: pg_sys::Oid,
+    /// The call's clock: a lease is live or not for the whole call.
+    now: TimestampWithTimeZone,
+    /// The grant the caller names (NULL: whichever it holds).
+    token: Option<i64>,
+}
+
+impl Held<'_> {
+    fn datums(&self) -> [DatumWithOid<'_>; 5] {
+        [
+            self.lock_id.into(),
+            self.owner.into(),
+            self.role.into(),
+            self.now.into(),
+            self.token.into(),
+        ]
+    }
+
+    fn datums_with_ttl(&self, ttl: Interval) -> [DatumWithOid<'_>; 6] {
+        let [a, b, c, d, e] = self.datums();
+        [a, b, c, d, e, ttl.into()]
+    }
+}
+
+const HELD_PARAMS: &[pg_sys::PgBuiltInOids] = &[TEXTOID, TEXTOID, OIDOID, TIMESTAMPTZOID, INT8OID];
+const RENEW_PARAMS: &[pg_sys::PgBuiltInOids] = &[
+    TEXTOID,
+    TEXTOID,
+    OIDOID,
+    TIMESTAMPTZOID,
+    INT8OID,
+    INTERVALOID,
+];
 
 // Renew and release find the caller's lease by lock id and owner, in either table.
 macro_rules! renew_sql {
@@ -116,13 +156,13 @@ macro_rules! renew_sql {
         concat!(
             "UPDATE ",
             $table,
-            " AS l SET expires_at = $5 + $4, renewals = l.renewals + 1 \
+            " AS l SET expires_at = $4 + $6, renewals = l.renewals + 1 \
                FROM (SELECT lock_id, owner FROM ",
             $table,
             " \
-                      WHERE lock_id = $1 AND owner = $2 AND expires_at > $5 \
+                      WHERE lock_id = $1 AND owner = $2 AND expires_at > $4 \
                         AND (holder_role = $3 OR pg_has_role($3, 'lockext_admin', 'MEMBER')) \
-                        AND ($6::bigint IS NULL OR fence_token = $6) \
+                        AND ($5::bigint IS NULL OR fence_token = $5) \
                         FOR UPDATE SKIP LOCKED) AS c \
               WHERE l.lock_id = c.lock_id AND l.owner = c.owner \
              RETURNING l.expires_at"
@@ -130,14 +170,6 @@ macro_rules! renew_sql {
     };
 }
 
-const RENEW_PARAMS: &[pg_sys::PgBuiltInOids] = &[
-    TEXTOID,
-    TEXTOID,
-    OIDOID,
-    INTERVALOID,
-    TIMESTAMPTZOID,
-    INT8OID,
-];
 static RENEW: [Statement; 2] = [
     Statement {
         sql: renew_sql!("lockext.locks"),
@@ -170,16 +202,14 @@ macro_rules! release_sql {
     };
 }
 
-const RELEASE_PARAMS: &[pg_sys::PgBuiltInOids] =
-    &[TEXTOID, TEXTOID, OIDOID, TIMESTAMPTZOID, INT8OID];
 static RELEASE: [Statement; 2] = [
     Statement {
         sql: release_sql!("lockext.locks"),
-        params: RELEASE_PARAMS,
+        params: HELD_PARAMS,
     },
     Statement {
         sql: release_sql!("lockext.shared_leases"),
-        params: RELEASE_PARAMS,
+        params: HELD_PARAMS,
     },
 ];
 
@@ -250,26 +280,25 @@ fn lock_release(
 
 pub fn acquire(request: &Request<'_>) -> Result<Option<Granted>, LockError> {
     let _timer = stats::AcquireTimer::start();
-    let permits = match request.kind {
-        Kind::Semaphore(n) => Some(n),
-        _ => None,
+    let mut params = Params {
+        lock_id: request.lock_id,
+        owner: request.owner,
+        role: caller::role(),
+        ttl: request.ttl,
+        now: backend::now()?,
+        token: None,
+        lock_delay: micros_interval(request.lock_delay),
+        session: request.session,
+        permits: match request.kind {
+            Kind::Semaphore(n) => Some(n),
+            _ => None,
+        },
+        slot: None,
     };
-    let mut args = [
-        DatumWithOid::from(request.lock_id),
-        request.owner.into(),
-        caller::role().into(),
-        request.ttl.into(),
-        backend::now()?.into(),
-        DatumWithOid::null::<i64>(), // the token, minted once the grant is decided
-        micros_interval(request.lock_delay).into(),
-        request.session.into(),
-        permits.into(),
-        DatumWithOid::null::<i32>(), // the slot, chosen by a semaphore's taker
-    ];
     let granted = if request.wait.is_zero() {
-        attempt(request, &mut args, 0)?.0
+        attempt(request, &mut params, 0)?.0
     } else {
-        wait_for(request, &mut args, Instant::now() + request.wait)?
+        wait_for(request, &mut params, Instant::now() + request.wait)?
     };
     let Some(granted) = granted else {
         stats::count(Counter::AcquiresRefused);
@@ -293,10 +322,10 @@ pub fn acquire(request: &Request<'_>) -> Result<Option<Granted>, LockError> {
 }
 
 /// Queues for the lock and tries each time it is woken (or its nap ends), until the
-/// deadline. The server clock in `args` is read again before each try.
+/// deadline. The server clock in `params` is read again before each try.
 fn wait_for(
     request: &Request<'_>,
-    args: &mut Args<'_>,
+    params: &mut Params<'_>,
     deadline: Instant,
 ) -> Result<Option<Granted>, LockError> {
     let ticket = wait::Ticket::take(request.lock_id, queue_window(request.kind));
@@ -304,8 +333,8 @@ fn wait_for(
     loop {
         let mut free_in = None;
         if ticket.may_try() {
-            args[4] = backend::now()?.into();
-            let (granted, until_free) = attempt(request, args, ticket.number())?;
+            params.now = backend::now()?;
+            let (granted, until_free) = attempt(request, params, ticket.number())?;
             if granted.is_some() {
                 return Ok(granted);
             }
@@ -323,7 +352,11 @@ fn wait_for(
 }
 
 /// One try at the lock, through its gate (`claims.rs`).
-fn attempt(request: &Request<'_>, args: &mut Args<'_>, ticket: u64) -> Result<Attempt, LockError> {
+fn attempt(
+    request: &Request<'_>,
+    params: &mut Params<'_>,
+    ticket: u64,
+) -> Result<Attempt, LockError> {
     // Shared leases and permits go side by side (a semaphore's takers then claim slots);
     // an exclusive acquire goes alone.
     let mode = match request.kind {
@@ -353,13 +386,13 @@ fn attempt(request: &Request<'_>, args: &mut Args<'_>, ticket: u64) -> Result<At
         // ...except for a holder asking again (a retry after a lost reply): it gets its
         // live grant back, which changes no one's chances.
         return Ok((
-            Spi::connect_mut(|client| extend_own(client, request, args))?,
+            Spi::connect_mut(|client| extend_own(client, request, params))?,
             None,
         ));
     };
     let tried = Spi::connect_mut(|client| match request.kind {
-        Kind::Exclusive => attempt_exclusive(client, request, args),
-        _ => shared::attempt(client, request, args),
+        Kind::Exclusive => attempt_exclusive(client, request, params),
+        _ => shared::attempt(client, request, params),
     })?;
     if tried.0.is_none() {
         gate.reopen();
@@ -391,9 +424,9 @@ fn jumps_the_queue(request: &Request<'_>, ticket: u64) -> bool {
 fn attempt_exclusive(
     client: &mut SpiClient<'_>,
     request: &Request<'_>,
-    args: &mut Args<'_>,
+    params: &mut Params<'_>,
 ) -> Result<Attempt, LockError> {
-    let look = Look::read(args);
+    let look = Look::read(params);
     if look.semaphore {
         return Err(LockError::WrongKind {
             lock_id: request.lock_id.to_string(),
@@ -407,13 +440,13 @@ fn attempt_exclusive(
     if look.held_by_other {
         return Ok((None, look.free_in_ms.map(millis))); // a live lease of someone else's
     }
-    if look.dead_shared > 0 && !clear_dead(client, &CLEAR_DEAD_SHARED, args)? {
+    if look.dead_shared > 0 && !clear_dead(client, &CLEAR_DEAD_SHARED, params)? {
         return Ok((None, None)); // a shared lease or permit is being renewed right now
     }
     let granted = take(
         client,
         request,
-        args,
+        params,
         look.mine_live,
         look.exclusive_row,
         &TAKE_OVER,
@@ -439,29 +472,22 @@ pub fn renew(
     let ttl = error::ttl(ttl)?;
     let fence_token = error::optional_token("fence_token", fence_token)?;
     backend::writable_server()?;
-    let now = backend::now()?;
-    let args = [
-        DatumWithOid::from(lock_id),
-        owner.into(),
-        caller::role().into(),
-        ttl.into(),
-        now.into(),
-        fence_token.into(),
-    ];
+    let held = Held {
+        lock_id,
+        owner,
+        role: caller::role(),
+        now: backend::now()?,
+        token: fence_token,
+    };
     let only_leases = commit::only_leases_so_far();
-    // The same call's clock: a lease is live or not for the whole call.
-    let held = [
-        DatumWithOid::from(lock_id),
-        owner.into(),
-        caller::role().into(),
-        now.into(),
-        fence_token.into(),
-    ];
     let renewed = while_briefly_locked(&held, || {
         Spi::connect_mut(|client| {
             for statement in &RENEW {
-                let renewed =
-                    xact::kept_if_found(|| Ok(first_value(statement.run(client, &args)?)?))?;
+                let renewed = xact::kept_if_found(|| {
+                    Ok(first_value(
+                        statement.run(client, &held.datums_with_ttl(ttl))?,
+                    )?)
+                })?;
                 if renewed.is_some() {
                     return Ok::<_, LockError>(renewed);
                 }
@@ -496,26 +522,26 @@ pub fn release_valid(
     owner: &str,
     fence_token: Option<i64>,
 ) -> Result<bool, LockError> {
-    let args = [
-        DatumWithOid::from(lock_id),
-        owner.into(),
-        caller::role().into(),
-        backend::now()?.into(),
-        fence_token.into(),
-    ];
+    let held = Held {
+        lock_id,
+        owner,
+        role: caller::role(),
+        now: backend::now()?,
+        token: fence_token,
+    };
     let only_leases = commit::only_leases_so_far();
-    let deleted = while_briefly_locked(&args, || {
+    let deleted = while_briefly_locked(&held, || {
         Spi::connect_mut(|client| -> Result<Option<(bool, i64)>, LockError> {
             for statement in &RELEASE {
                 let deleted = xact::kept_if_found(|| {
-                    let rows = statement.run(client, &args)?;
+                    let rows = statement.run(client, &held.datums())?;
                     if rows.is_empty() {
                         return Ok(None);
                     }
                     let row = rows.first();
                     Ok(Some((
-                        row.get::<bool>(1)?.unwrap_or(false),
-                        row.get::<i64>(2)?.unwrap_or(0),
+                        row.get_by_name::<bool, _>("live")?.unwrap_or(false),
+                        row.get_by_name::<i64, _>("fence_token")?.unwrap_or(0),
                     )))
                 })?;
                 if deleted.is_some() {
@@ -542,7 +568,7 @@ pub fn release_valid(
 }
 
 // Is the caller's lease live (by the clock of the call, $4), in either table, under the
-// newest snapshot? Parameters as RELEASE's.
+// newest snapshot? Parameters as RELEASE's (`Held`).
 static HELD_BY_CALLER: Statement = Statement {
     sql: "SELECT EXISTS (SELECT FROM lockext.locks \
                           WHERE lock_id = $1 AND owner = $2 AND expires_at > $4 \
@@ -551,8 +577,8 @@ static HELD_BY_CALLER: Statement = Statement {
               OR EXISTS (SELECT FROM lockext.shared_leases \
                           WHERE lock_id = $1 AND owner = $2 AND expires_at > $4 \
                             AND (holder_role = $3 OR pg_has_role($3, 'lockext_admin', 'MEMBER')) \
-                            AND ($5::bigint IS NULL OR fence_token = $5))",
-    params: RELEASE_PARAMS,
+                            AND ($5::bigint IS NULL OR fence_token = $5)) AS held",
+    params: HELD_PARAMS,
 };
 
 /// Runs a renew or release, and again while it found nothing although the caller's live
@@ -562,7 +588,7 @@ static HELD_BY_CALLER: Statement = Statement {
 /// commits. A holder must not be told "not yours" for that. Bounded: after 100 ms the
 /// answer stands (a lease a long transaction keeps locked is not available to change).
 fn while_briefly_locked<T>(
-    held: &[DatumWithOid<'_>],
+    held: &Held<'_>,
     mut attempt: impl FnMut() -> Result<Option<T>, LockError>,
 ) -> Result<Option<T>, LockError> {
     for _ in 0..100 {
@@ -571,8 +597,8 @@ fn while_briefly_locked<T>(
         }
         let still_held = Spi::connect_mut(|_| {
             HELD_BY_CALLER
-                .read_latest(held)
-                .and_then(|row| row.get::<bool>(1))
+                .read_latest(&held.datums())
+                .and_then(|row| row.get::<bool>("held"))
                 == Some(true)
         });
         if !still_held {

@@ -16,14 +16,13 @@
 
 use std::collections::HashSet;
 
-use pgrx::datum::DatumWithOid;
 use pgrx::spi::SpiClient;
 
 use crate::backend;
 use crate::claims;
 use crate::error::LockError;
 use crate::grant::{
-    clear_dead, look_at, millis, take, Args, Attempt, Kind, Request, ACQUIRE_PARAMS,
+    clear_dead, look_at, millis, take, Attempt, Kind, Params, Request, ACQUIRE_PARAMS,
     CLEAR_DEAD_EXCLUSIVE, CLEAR_DEAD_SLOT,
 };
 use crate::sql::{grant_returning, grant_sets};
@@ -48,9 +47,9 @@ struct Look {
 }
 
 impl Look {
-    fn read(args: &Args<'_>) -> Look {
+    fn read(params: &Params<'_>) -> Look {
         let mut look = Look::default();
-        let (leases, now) = look_at(args);
+        let (leases, now) = look_at(params);
         for lease in leases {
             if !lease.shared {
                 look.exclusive = Some(!lease.free(now));
@@ -89,7 +88,7 @@ static SLOTS_TAKEN: Statement = Statement {
 static SLOT_TAKEN: Statement = Statement {
     sql: "SELECT EXISTS (SELECT FROM lockext.shared_leases \
                           WHERE lock_id = $1 AND slot = $10 AND expires_at + lock_delay > $5 \
-                            AND NOT (owner = $2 AND holder_role = $3))",
+                            AND NOT (owner = $2 AND holder_role = $3)) AS taken",
     params: ACQUIRE_PARAMS,
 };
 
@@ -109,7 +108,7 @@ static TAKE_OVER: Statement = Statement {
                     FOR UPDATE SKIP LOCKED) AS c \
           WHERE l.lock_id = c.lock_id AND l.owner = c.owner",
         grant_returning!(),
-        "NOT c.same_grant, c.old_token"
+        "NOT c.same_grant AS minted, c.old_token AS previous_token"
     ),
     params: ACQUIRE_PARAMS,
 };
@@ -124,7 +123,7 @@ static INSERT_NEW: Statement = Statement {
            inet_client_addr()) \
          ON CONFLICT (lock_id, owner) DO NOTHING",
         grant_returning!(),
-        "true, NULL::bigint"
+        "true AS minted, NULL::bigint AS previous_token"
     ),
     params: ACQUIRE_PARAMS,
 };
@@ -133,9 +132,9 @@ static INSERT_NEW: Statement = Statement {
 pub fn attempt(
     client: &mut SpiClient<'_>,
     request: &Request<'_>,
-    args: &mut Args<'_>,
+    params: &mut Params<'_>,
 ) -> Result<Attempt, LockError> {
-    let look = Look::read(args);
+    let look = Look::read(params);
     let exclusive_held = look.exclusive == Some(true);
     let others = look.others;
     let wrong_kind = |is| LockError::WrongKind {
@@ -182,7 +181,7 @@ pub fn attempt(
                     None => return Ok((None, None)),
                 }
             }
-            if !look.mine_live && claim_free_slot(request.lock_id, asked, args)?.is_none() {
+            if !look.mine_live && claim_free_slot(request.lock_id, asked, params)?.is_none() {
                 // Not the caller's own live permit again, and the free slots are being
                 // filled right now.
                 if let Some(gate) = fixing_n {
@@ -194,7 +193,7 @@ pub fn attempt(
         Kind::Exclusive => unreachable!("exclusive leases live in lockext.locks"),
     }
     // A dead exclusive lease goes first, so that its renewal cannot revive it beside ours.
-    if look.exclusive == Some(false) && !clear_dead(client, &CLEAR_DEAD_EXCLUSIVE, args)? {
+    if look.exclusive == Some(false) && !clear_dead(client, &CLEAR_DEAD_EXCLUSIVE, params)? {
         if let Some(gate) = fixing_n {
             gate.reopen();
         }
@@ -203,7 +202,7 @@ pub fn attempt(
     // And so do dead permits of others in the slot this taker claimed.
     if matches!(request.kind, Kind::Semaphore(_))
         && !look.mine_live
-        && !clear_dead(client, &CLEAR_DEAD_SLOT, args)?
+        && !clear_dead(client, &CLEAR_DEAD_SLOT, params)?
     {
         if let Some(gate) = fixing_n {
             gate.reopen();
@@ -218,7 +217,7 @@ pub fn attempt(
         take(
             client,
             request,
-            args,
+            params,
             mine_live,
             row_exists,
             &TAKE_OVER,
@@ -239,12 +238,12 @@ pub fn attempt(
 fn claim_free_slot(
     lock_id: &str,
     permits: i32,
-    args: &mut Args<'_>,
+    params: &mut Params<'_>,
 ) -> Result<Option<i32>, LockError> {
     let taken: HashSet<i32> = SLOTS_TAKEN
-        .read_latest_all(&args[..])
+        .read_latest_all(&params.datums())
         .iter()
-        .filter_map(|row| row.get::<i32>(1))
+        .filter_map(|row| row.get::<i32>("slot"))
         .collect();
     let free: Vec<i32> = (1..=permits).filter(|s| !taken.contains(s)).collect();
     let start = backend::pid() as usize;
@@ -255,16 +254,16 @@ fn claim_free_slot(
         };
         // Look again now that the slot is ours: a taker that filled it and committed
         // since the first look had held this claim until its commit.
-        args[9] = slot.into();
+        params.slot = Some(slot);
         if SLOT_TAKEN
-            .read_latest(&args[..])
-            .and_then(|row| row.get::<bool>(1))
+            .read_latest(&params.datums())
+            .and_then(|row| row.get::<bool>("taken"))
             == Some(false)
         {
             return Ok(Some(slot));
         }
         claim.give_back();
     }
-    args[9] = DatumWithOid::null::<i32>();
+    params.slot = None;
     Ok(None)
 }

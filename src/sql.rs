@@ -78,8 +78,9 @@ macro_rules! grant_sets {
 }
 pub(crate) use grant_sets;
 
-/// What an acquire statement returns, as plain columns (`Granted`): the grant's, then
-/// whether it minted a token and the token it replaced (a take-over).
+/// What an acquire statement returns, as plain columns (`Granted`, read by name): the
+/// grant's, then `minted` (whether it minted a token) and `previous_token` (the token it
+/// replaced, a take-over's).
 macro_rules! grant_returning {
     () => {
         " RETURNING l.lock_id, l.owner, l.fence_token, l.acquired_at, l.expires_at, "

@@ -12,6 +12,7 @@ use std::cell::RefCell;
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::ffi::CString;
+use std::rc::Rc;
 
 use pgrx::datum::DatumWithOid;
 use pgrx::pg_sys::{self, PgBuiltInOids, PgOid};
@@ -72,13 +73,17 @@ thread_local! {
     static RAW_PLANS: RefCell<HashMap<&'static str, usize>> = RefCell::new(HashMap::new());
 }
 
-/// One row read by `read_latest`: its columns, NULL as None. By-value types only (bool,
-/// integers): a by-reference datum would point into memory that SPI frees.
-pub struct LatestRow(Vec<Option<pg_sys::Datum>>);
+/// One row read by `read_latest`: its columns by name, NULL as None. By-value types only
+/// (bool, integers): a by-reference datum would point into memory that SPI frees.
+pub struct LatestRow {
+    names: Rc<[String]>,
+    values: Vec<Option<pg_sys::Datum>>,
+}
 
 impl LatestRow {
-    pub fn get<T: FromDatum>(&self, ordinal: usize) -> Option<T> {
-        let datum = (*self.0.get(ordinal - 1)?)?;
+    pub fn get<T: FromDatum>(&self, column: &str) -> Option<T> {
+        let at = self.names.iter().position(|name| name == column)?;
+        let datum = (*self.values.get(at)?)?;
         unsafe { T::from_polymorphic_datum(datum, false, pg_sys::InvalidOid) }
     }
 }
@@ -141,6 +146,14 @@ impl Statement {
                 return Vec::new();
             }
             let desc = (*table).tupdesc;
+            let names: Rc<[String]> = (1..=(*desc).natts)
+                .map(|i| {
+                    let name = pg_sys::SPI_fname(desc, i);
+                    std::ffi::CStr::from_ptr(name)
+                        .to_string_lossy()
+                        .into_owned()
+                })
+                .collect();
             (0..pg_sys::SPI_processed as usize)
                 .map(|r| {
                     let tuple = *(*table).vals.add(r);
@@ -151,7 +164,10 @@ impl Statement {
                             (!is_null).then_some(d)
                         })
                         .collect();
-                    LatestRow(row)
+                    LatestRow {
+                        names: names.clone(),
+                        values: row,
+                    }
                 })
                 .collect()
         }

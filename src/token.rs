@@ -213,8 +213,8 @@ thread_local! {
 
 // Read under the newest snapshot: the row and whether this transaction wrote it.
 static READ_ROW: Statement = Statement {
-    sql: "SELECT epoch::bigint, layout::bigint, xmin::text::bigint, system_identifier, \
-                 timeline::bigint \
+    sql: "SELECT epoch::bigint AS epoch, layout::bigint AS layout, xmin::text::bigint AS xmin, \
+                 system_identifier, timeline::bigint AS timeline \
             FROM lockext.token_epoch",
     params: &[],
 };
@@ -251,14 +251,14 @@ pub struct Row {
 
 fn read_row() -> Option<Row> {
     let row = READ_ROW.read_latest(&[])?;
-    let xmin = row.get::<i64>(3).unwrap_or(0) as u32;
+    let xmin = row.get::<i64>("xmin").unwrap_or(0) as u32;
     let system = unsafe { pg_sys::GetSystemIdentifier() } as i64;
     Some(Row {
-        epoch: row.get::<i64>(1).unwrap_or(0),
-        layout: row.get::<i64>(2).and_then(Layout::from_code),
+        epoch: row.get::<i64>("epoch").unwrap_or(0),
+        layout: row.get::<i64>("layout").and_then(Layout::from_code),
         own: unsafe { pg_sys::TransactionIdIsCurrentTransactionId(xmin.into()) },
-        foreign: row.get::<i64>(4) != Some(system),
-        timeline: row.get::<i64>(5).unwrap_or(0) as u32,
+        foreign: row.get::<i64>("system_identifier") != Some(system),
+        timeline: row.get::<i64>("timeline").unwrap_or(0) as u32,
     })
 }
 
@@ -268,12 +268,12 @@ fn read_row() -> Option<Row> {
 static HIGHEST_KEPT: Statement = Statement {
     sql: "SELECT greatest((SELECT max(fence_token) FROM lockext.locks), \
                           (SELECT max(fence_token) FROM lockext.shared_leases), \
-                          (SELECT max(fence_token) FROM lockext.resources))",
+                          (SELECT max(fence_token) FROM lockext.resources)) AS highest",
     params: &[],
 };
 
 fn highest_kept() -> Option<i64> {
-    HIGHEST_KEPT.read_latest(&[])?.get::<i64>(1)
+    HIGHEST_KEPT.read_latest(&[])?.get::<i64>("highest")
 }
 
 /// What a new era is chosen from, besides the cluster record.
