@@ -195,7 +195,24 @@ pub enum Kind {
     Semaphore(i32),
 }
 
+/// The lease tables. Which kind lives in which is said here only (`Kind::table`); the
+/// statements that exist once per table are arrays indexed by it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Table {
+    /// `lockext.locks`: exclusive leases, one row per lock id.
+    Locks = 0,
+    /// `lockext.shared_leases`: shared leases and permits, one row per lock id and owner.
+    SharedLeases = 1,
+}
+
 impl Kind {
+    pub fn table(self) -> Table {
+        match self {
+            Kind::Exclusive => Table::Locks,
+            Kind::Shared | Kind::Semaphore(_) => Table::SharedLeases,
+        }
+    }
+
     /// From lock_acquire's `mode` and `permits`; NULL means the default, as for `wait`.
     pub fn parse(mode: Option<&str>, permits: Option<i32>) -> Result<Kind, LockError> {
         let shared = match mode.unwrap_or("exclusive") {
@@ -297,6 +314,7 @@ macro_rules! extend_sql {
     };
 }
 
+// By `Table`.
 static EXTEND: [Statement; 2] = [
     Statement {
         sql: extend_sql!("lockext.locks"),
@@ -313,8 +331,7 @@ pub fn extend_own(
     request: &Request<'_>,
     params: &Params<'_>,
 ) -> Result<Option<Granted>, LockError> {
-    let table = usize::from(request.kind != Kind::Exclusive);
-    grant_by(client, &EXTEND[table], params)
+    grant_by(client, &EXTEND[request.kind.table() as usize], params)
 }
 
 /// Runs an acquire statement that changes a lease row it locks `FOR UPDATE SKIP LOCKED`

@@ -1,7 +1,9 @@
-//! Leases: lock_acquire, lock_renew, lock_release.
+//! Leases: lock_acquire, lock_renew, lock_release, for every kind of lease.
 //!
-//! An exclusive lease is one row of `lockext.locks`; shared leases and semaphore permits
-//! are rows of `lockext.shared_leases` (`shared.rs`). Renew and release serve every kind.
+//! An acquire is validated (`grant::Request`), queued when it waits (`wait.rs`), passes its
+//! lock id's gate (`claims.rs`), and then tries the kind's own `attempt`: `exclusive.rs`
+//! (rows of `lockext.locks`) or `shared.rs` (shared leases and permits, rows of
+//! `lockext.shared_leases`); each ends in `grant::take`. Renew and release serve every kind.
 //!
 //! Unless a caller asks lock_acquire to wait (and then it waits in lockext's own queue,
 //! `wait.rs`), none of these functions ever waits for another transaction: a lease that
@@ -18,97 +20,20 @@ use std::time::{Duration, Instant};
 use pgrx::datum::DatumWithOid;
 use pgrx::pg_sys::{self, BuiltinOid::*};
 use pgrx::prelude::*;
-use pgrx::spi::SpiClient;
 
 use crate::backend;
 use crate::caller;
 use crate::claims;
 use crate::commit;
 use crate::error::{self, LockError, OrReport};
-use crate::grant::{
-    clear_dead, extend_own, look_at, millis, take, Attempt, Granted, Kind, Params, Request,
-    ACQUIRE_PARAMS, CLEAR_DEAD_SHARED,
-};
+use crate::exclusive;
+use crate::grant::{extend_own, Attempt, Granted, Kind, Params, Request};
 use crate::settings;
 use crate::shared;
-use crate::sql::{grant_returning, grant_sets};
 use crate::statements::{first_value, Statement};
 use crate::stats::{self, Counter};
 use crate::wait;
 use crate::xact;
-
-/// What an exclusive acquire sees of its lock id (`grant::look`), by the call's clock.
-#[derive(Default)]
-struct Look {
-    /// Whether an exclusive lease row exists, and whether it is someone else's and not yet
-    /// free (live, or in its lock-delay); how long until it is free.
-    exclusive_row: bool,
-    held_by_other: bool,
-    free_in_ms: Option<i64>,
-    /// The caller's own live exclusive lease.
-    mine_live: bool,
-    /// Shared leases or permits not yet free: how long until the last is, and whether they
-    /// are a semaphore's.
-    shared_until_ms: Option<i64>,
-    semaphore: bool,
-    /// Shared leases or permits whose lock is free (dead), to delete before granting.
-    dead_shared: usize,
-}
-
-impl Look {
-    fn read(params: &Params<'_>) -> Look {
-        let mut look = Look::default();
-        let (leases, now) = look_at(params);
-        for lease in leases {
-            if !lease.shared {
-                look.exclusive_row = true;
-                look.held_by_other = !lease.free(now) && !lease.mine;
-                look.free_in_ms = Some(lease.free_in_ms(now));
-                look.mine_live = lease.mine && lease.live(now);
-            } else if lease.free(now) {
-                look.dead_shared += 1;
-            } else {
-                let until = lease.free_in_ms(now);
-                look.shared_until_ms = Some(look.shared_until_ms.map_or(until, |u| u.max(until)));
-                look.semaphore |= lease.permits.is_some();
-            }
-        }
-        look
-    }
-}
-
-// Takes over an expired lease, or extends the caller's own live one (same grant, same
-// token). Either way in place: there is no moment at which the lock id has no row.
-static TAKE_OVER: Statement = Statement {
-    sql: concat!(
-        "UPDATE lockext.locks AS l SET ",
-        grant_sets!(),
-        " FROM (SELECT lock_id, fence_token AS old_token, \
-                        expires_at > $5 AND owner = $2 AND holder_role = $3 AS same_grant \
-                   FROM lockext.locks \
-                  WHERE lock_id = $1 \
-                    AND (expires_at + lock_delay <= $5 OR (owner = $2 AND holder_role = $3)) \
-                    FOR UPDATE SKIP LOCKED) AS c \
-          WHERE l.lock_id = c.lock_id",
-        grant_returning!(),
-        "NOT c.same_grant AS minted, c.old_token AS previous_token"
-    ),
-    params: ACQUIRE_PARAMS,
-};
-
-static INSERT_NEW: Statement = Statement {
-    sql: concat!(
-        "INSERT INTO lockext.locks AS l \
-                (lock_id, owner, holder_role, fence_token, acquired_at, expires_at, renewals, \
-                 lock_delay, session_start, taker_pid, application_name, client_addr) \
-         VALUES ($1, $2, $3, $6, $5, $5 + $4, 0, $7, $8, pg_backend_pid(), current_setting('application_name'), \
-           inet_client_addr()) \
-         ON CONFLICT (lock_id) DO NOTHING",
-        grant_returning!(),
-        "true AS minted, NULL::bigint AS previous_token"
-    ),
-    params: ACQUIRE_PARAMS,
-};
 
 /// The parameters of renew, release and `HELD_BY_CALLER`, by name; `datums` lays them out
 /// as $1..$5 (`HELD_PARAMS`), and a renewal adds the new time to live as $6.
@@ -391,7 +316,7 @@ fn attempt(
         ));
     };
     let tried = Spi::connect_mut(|client| match request.kind {
-        Kind::Exclusive => attempt_exclusive(client, request, params),
+        Kind::Exclusive => exclusive::attempt(client, request, params),
         _ => shared::attempt(client, request, params),
     })?;
     if tried.0.is_none() {
@@ -419,46 +344,6 @@ fn jumps_the_queue(request: &Request<'_>, ticket: u64) -> bool {
         queue_window(request.kind)
     };
     !wait::may_try(request.lock_id, ticket, window)
-}
-
-fn attempt_exclusive(
-    client: &mut SpiClient<'_>,
-    request: &Request<'_>,
-    params: &mut Params<'_>,
-) -> Result<Attempt, LockError> {
-    let look = Look::read(params);
-    if look.semaphore {
-        return Err(LockError::WrongKind {
-            lock_id: request.lock_id.to_string(),
-            is: "a semaphore",
-            asked: "a lock",
-        });
-    }
-    if let Some(ms) = look.shared_until_ms {
-        return Ok((None, Some(millis(ms)))); // shared leases hold it
-    }
-    if look.held_by_other {
-        return Ok((None, look.free_in_ms.map(millis))); // a live lease of someone else's
-    }
-    if look.dead_shared > 0 && !clear_dead(client, &CLEAR_DEAD_SHARED, params)? {
-        return Ok((None, None)); // a shared lease or permit is being renewed right now
-    }
-    let granted = take(
-        client,
-        request,
-        params,
-        look.mine_live,
-        look.exclusive_row,
-        &TAKE_OVER,
-        &INSERT_NEW,
-    )?;
-    Ok((
-        granted.map(|g| Granted {
-            took_over: g.minted && look.exclusive_row,
-            ..g
-        }),
-        None,
-    ))
 }
 
 pub fn renew(

@@ -11,6 +11,7 @@ mod commit;
 mod counter;
 mod eras;
 mod error;
+mod exclusive;
 mod fence;
 mod grant;
 mod lease;
