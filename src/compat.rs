@@ -516,8 +516,11 @@ fn lock_check(lock_id: Option<&str>, fence_token: Option<i64>) -> bool {
         Older::V0_2 => &LIVE_0_2,
     };
     let args = [DatumWithOid::from(lock_id), fence_token.into()];
-    Spi::connect_mut(|_| statement.read_latest(&args).and_then(|row| row.get::<bool>(1)))
-        == Some(true)
+    Spi::connect_mut(|_| {
+        statement
+            .read_latest(&args)
+            .and_then(|row| row.get::<bool>(1))
+    }) == Some(true)
 }
 
 // ---- fencing: served ----------------------------------------------------------------
@@ -570,7 +573,9 @@ fn fence_advance(resource_id: Option<&str>, fence_token: Option<i64>) -> Option<
             return Ok(None);
         }
         Spi::connect_mut(|client| {
-            Ok(first_value::<i64>(MARK.run(client, &[resource_id.into()])?)?)
+            Ok(first_value::<i64>(
+                MARK.run(client, &[resource_id.into()])?,
+            )?)
         })
     })()
     .or_report()
@@ -602,9 +607,7 @@ fn advance(
     // WHERE says no): undone, so that a refused writer whose transaction stays open holds
     // up no one.
     let accepted = Spi::connect_mut(|client| {
-        xact::kept_if_found(|| {
-            Ok((!ADVANCE_OLDER.run(client, &args)?.is_empty()).then_some(()))
-        })
+        xact::kept_if_found(|| Ok((!ADVANCE_OLDER.run(client, &args)?.is_empty()).then_some(())))
     })?
     .is_some();
     if !accepted {
@@ -682,4 +685,3 @@ fn token_parts(
     let counter = fence_token & ((1 << COUNTER_BITS) - 1);
     TableIterator::once((era, raise, counter))
 }
-

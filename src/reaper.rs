@@ -376,7 +376,10 @@ enum RoundError {
     /// installing a package and ALTER EXTENSION UPDATE): the reaper's statements need this
     /// version's, and no backend of this library grants a lease there meanwhile.
     OtherVersion(String),
-    Failed { reaped: u64, message: String },
+    Failed {
+        reaped: u64,
+        message: String,
+    },
 }
 
 /// Deletes batches of expired leases until a batch comes back short. Returns how many.
