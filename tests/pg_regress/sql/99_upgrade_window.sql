@@ -78,6 +78,12 @@ SELECT lock_id, owner, fence_token = :t AS same_token FROM lockext.locks ORDER B
 -- lock_check says whether the grant is live.
 SELECT lockext.lock_check('w-lease', :t) AS live, lockext.lock_check('w-lease', :t - 1) AS other_token,
        lockext.lock_check('w-dead', :t - 1) AS expired;
+-- It reads the newest snapshot, which a parallel worker cannot take; 0.1.0 declared it
+-- PARALLEL SAFE, so a parallel plan can run it there: refused, not answered from an older
+-- snapshot.
+SET force_parallel_mode = on;
+SELECT lockext.lock_check('w-lease', :t);
+RESET force_parallel_mode;
 
 -- The mark refuses an older token, in every way in; the holder's token is accepted.
 SET ROLE regress_w_holder;
