@@ -172,6 +172,10 @@ fn lock_acquire_all() -> TableIterator<
 /// the current user is the extension's owner and the role whose code called is gone.
 /// Inside a maintenance operation (ANALYZE, REINDEX, REFRESH MATERIALIZED VIEW, an index
 /// expression) the code running is the table owner's, not the session's: refused there.
+/// What cannot be seen from here is another role's SECURITY DEFINER function that the
+/// session calls: it acts for the session, on the session's own leases only (there is no
+/// administrator's path here), as it could with 0.2.0 itself; renew and release decide
+/// availability, never which token is newer.
 fn session_role(function: &'static str, version: Older) -> pg_sys::Oid {
     if unsafe { pg_sys::InSecurityRestrictedOperation() } {
         refuse(
