@@ -488,14 +488,16 @@ fn release(
 
 static LIVE_0_1: Statement = Statement {
     sql: "SELECT EXISTS (SELECT FROM lockext.locks \
-                          WHERE lock_id = $1 AND fence_token = $2 AND expires_at > clock_timestamp())",
+                          WHERE lock_id = $1 AND fence_token = $2 AND expires_at > clock_timestamp()) \
+             AS live",
     params: &[TEXTOID, INT8OID],
 };
 static LIVE_0_2: Statement = Statement {
     sql: "SELECT EXISTS (SELECT FROM lockext.locks \
                           WHERE lock_id = $1 AND fence_token = $2 AND expires_at > clock_timestamp()) \
               OR EXISTS (SELECT FROM lockext.shared_leases \
-                          WHERE lock_id = $1 AND fence_token = $2 AND expires_at > clock_timestamp())",
+                          WHERE lock_id = $1 AND fence_token = $2 AND expires_at > clock_timestamp()) \
+             AS live",
     params: &[TEXTOID, INT8OID],
 };
 
@@ -624,7 +626,7 @@ fn advance(
 // the newest snapshot, so that a token another backend's older library (a session that
 // predates the package) minted under a new epoch is known the moment it is committed.
 static ISSUED: Statement = Statement {
-    sql: "SELECT (SELECT epoch::bigint FROM lockext.token_epoch), is_called, last_value \
+    sql: "SELECT (SELECT epoch::bigint FROM lockext.token_epoch) AS epoch, is_called, last_value \
             FROM lockext.fence_token_seq",
     params: &[],
 };
