@@ -60,16 +60,84 @@ CREATE FUNCTION lockext."token_parts"(
 IMMUTABLE STRICT PARALLEL SAFE
 SET search_path TO pg_catalog, pg_temp
 LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'token_parts_wrapper';
+AS 'MODULE_PATHNAME', 'token_parts_0_3_wrapper';
 
+-- Every function whose meaning changes calls a C symbol that no older library has
+-- (*_0_3_wrapper): the symbols the older SQL calls stay in the library and serve that
+-- SQL until this update (src/compat.rs), and a backend that still has an older library
+-- loaded (a session older than the package, without preload) fails to find the new ones
+-- rather than run old code on these tables. So these are replaced, not altered.
+--
 -- The lease functions act for the role whose code calls them (src/caller.rs): SECURITY
 -- INVOKER, becoming the tables' owner inside, instead of SECURITY DEFINER, where the
 -- caller inside another role's maintenance or SECURITY DEFINER function was misread.
-ALTER FUNCTION lockext.lock_acquire(text, text, interval, interval, interval, text, integer, boolean) SECURITY INVOKER;
-ALTER FUNCTION lockext.lock_renew(text, text, interval, bigint) SECURITY INVOKER;
-ALTER FUNCTION lockext.lock_release(text, text, bigint) SECURITY INVOKER;
-ALTER FUNCTION lockext.lock_acquire_all(text[], text, interval, interval, text, boolean) SECURITY INVOKER;
-ALTER FUNCTION lockext.lock_release_all(text[], text) SECURITY INVOKER;
+CREATE OR REPLACE FUNCTION lockext."lock_acquire"(
+	"lock_id" TEXT,
+	"owner" TEXT,
+	"ttl" interval,
+	"wait" interval DEFAULT '0 seconds',
+	"lock_delay" interval DEFAULT NULL,
+	"mode" TEXT DEFAULT 'exclusive',
+	"permits" INT DEFAULT NULL,
+	"session_bound" bool DEFAULT false
+) RETURNS lockext.lock_grant
+VOLATILE PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'lock_acquire_0_3_wrapper';
+CREATE OR REPLACE FUNCTION lockext."lock_renew"(
+	"lock_id" TEXT,
+	"owner" TEXT,
+	"ttl" interval,
+	"fence_token" bigint DEFAULT NULL
+) RETURNS timestamp with time zone
+VOLATILE PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'lock_renew_0_3_wrapper';
+CREATE OR REPLACE FUNCTION lockext."lock_release"(
+	"lock_id" TEXT,
+	"owner" TEXT,
+	"fence_token" bigint DEFAULT NULL
+) RETURNS bool
+VOLATILE PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'lock_release_0_3_wrapper';
+CREATE OR REPLACE FUNCTION lockext."lock_acquire_all"(
+	"lock_ids" TEXT[],
+	"owner" TEXT,
+	"ttl" interval,
+	"wait" interval DEFAULT '0 seconds',
+	"mode" TEXT DEFAULT 'exclusive',
+	"session_bound" bool DEFAULT false
+) RETURNS TABLE (
+	"lock_id" TEXT,
+	"owner" TEXT,
+	"fence_token" bigint,
+	"acquired_at" timestamp with time zone,
+	"expires_at" timestamp with time zone
+)
+VOLATILE PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'lock_acquire_all_0_3_wrapper';
+CREATE OR REPLACE FUNCTION lockext."lock_release_all"(
+	"lock_ids" TEXT[],
+	"owner" TEXT
+) RETURNS INT
+VOLATILE PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'lock_release_all_0_3_wrapper';
+-- The check of a token against what this installation handed out, now by token eras.
+CREATE OR REPLACE FUNCTION lockext."check_token"(
+	"fence_token" bigint
+) RETURNS void
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'check_token_0_3_wrapper';
 
 -- Resources bound to the lock that guards them (lockext.bind_resource): they accept only
 -- that lock's live grant. Unbound resources keep the high-water mark alone.
@@ -87,7 +155,14 @@ SET search_path TO pg_catalog, pg_temp
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'exclusive_grant_live_wrapper';
 REVOKE ALL ON FUNCTION lockext.exclusive_grant_live(text, bigint, oid) FROM PUBLIC;
-ALTER FUNCTION lockext.lock_check(text, bigint) PARALLEL UNSAFE;
+CREATE OR REPLACE FUNCTION lockext."lock_check"(
+	"lock_id" TEXT,
+	"fence_token" bigint
+) RETURNS bool
+VOLATILE PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'lock_check_0_3_wrapper';
 CREATE OR REPLACE FUNCTION lockext.fence(resource_id text, fence_token bigint) RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -130,8 +205,23 @@ END $$;
 
 -- Fenced writes and reads of a bound resource must know the calling role (its token is
 -- no secret): SECURITY INVOKER, becoming the tables' owner inside (src/caller.rs).
-ALTER FUNCTION lockext.fenced_update(text, bigint, jsonb) SECURITY INVOKER;
-ALTER FUNCTION lockext.fence_advance(text, bigint) SECURITY INVOKER;
+CREATE OR REPLACE FUNCTION lockext."fenced_update"(
+	"resource_id" TEXT,
+	"fence_token" bigint,
+	"data" jsonb
+) RETURNS bool
+VOLATILE PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'fenced_update_0_3_wrapper';
+CREATE OR REPLACE FUNCTION lockext."fence_advance"(
+	"resource_id" TEXT,
+	"fence_token" bigint
+) RETURNS bigint
+VOLATILE PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'fence_advance_0_3_wrapper';
 CREATE FUNCTION lockext."fence_read_check"(
 	"resource_id" TEXT, /* core::option::Option<&str> */
 	"fence_token" bigint /* core::option::Option<i64> */

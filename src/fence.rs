@@ -97,9 +97,10 @@ static LEASE_IS_LIVE: Statement = Statement {
 
 /// Stores `data` for `resource_id` if `fence_token` is not older than the newest token
 /// accepted there; returns whether it was stored.
-#[pg_extern(volatile, parallel_unsafe)]
+// Its C symbol, fenced_update_0_3_wrapper, is one no older library has (compat.rs).
+#[pg_extern(volatile, parallel_unsafe, name = "fenced_update")]
 #[search_path(pg_catalog, pg_temp)]
-fn fenced_update(
+fn fenced_update_0_3(
     resource_id: Option<&str>,
     fence_token: Option<i64>,
     data: Option<pgrx::JsonB>,
@@ -110,9 +111,10 @@ fn fenced_update(
 /// Records `fence_token` as `resource_id`'s high-water mark, in the caller's transaction
 /// and under the resource's row lock. Returns NULL when accepted, or the newer token that
 /// makes it stale. (`lockext.fence` turns the latter into an error.)
-#[pg_extern(volatile, parallel_unsafe)]
+// Its C symbol, fence_advance_0_3_wrapper, is one no older library has (compat.rs).
+#[pg_extern(volatile, parallel_unsafe, name = "fence_advance")]
 #[search_path(pg_catalog, pg_temp)]
-fn fence_advance(resource_id: Option<&str>, fence_token: Option<i64>) -> Option<i64> {
+fn fence_advance_0_3(resource_id: Option<&str>, fence_token: Option<i64>) -> Option<i64> {
     caller::as_owner(|| fence_only(resource_id, fence_token)).or_report()
 }
 
@@ -167,9 +169,10 @@ fn declare(fence_token: Option<i64>) -> Result<(), LockError> {
 }
 
 /// Raises an error unless `fence_token` is a token lockext could have issued.
-#[pg_extern(volatile, parallel_unsafe, security_definer)]
+// Its C symbol, check_token_0_3_wrapper, is one no older library has (compat.rs).
+#[pg_extern(volatile, parallel_unsafe, security_definer, name = "check_token")]
 #[search_path(pg_catalog, pg_temp)]
-fn check_token(fence_token: Option<i64>) {
+fn check_token_0_3(fence_token: Option<i64>) {
     checked_token(fence_token).or_report();
 }
 
@@ -191,9 +194,10 @@ fn exclusive_grant_live(lock_id: &str, fence_token: i64, holder_role: pg_sys::Oi
 /// server's clock and the newest snapshot, whatever the caller's transaction has seen
 /// (Chubby's CheckSequencer).
 // Parallel unsafe: the newest snapshot cannot be taken during a parallel operation.
-#[pg_extern(volatile, parallel_unsafe)]
+// Its C symbol, lock_check_0_3_wrapper, is one no older library has (compat.rs).
+#[pg_extern(volatile, parallel_unsafe, name = "lock_check")]
 #[search_path(pg_catalog, pg_temp)]
-fn lock_check(lock_id: Option<&str>, fence_token: Option<i64>) -> bool {
+fn lock_check_0_3(lock_id: Option<&str>, fence_token: Option<i64>) -> bool {
     lease_is_live(lock_id, fence_token).or_report()
 }
 

@@ -151,9 +151,10 @@ static NOTIFY: Statement = Statement {
 /// 'shared' takes one of many shared (read) leases; `permits` takes one permit of a
 /// semaphore with that many; `session_bound` also ends the lease when this session does.
 #[allow(clippy::too_many_arguments)]
-#[pg_extern(volatile, parallel_unsafe)]
+// Its C symbol, lock_acquire_0_3_wrapper, is one no older library has (compat.rs).
+#[pg_extern(volatile, parallel_unsafe, name = "lock_acquire")]
 #[search_path(pg_catalog, pg_temp)]
-fn lock_acquire(
+fn lock_acquire_0_3(
     lock_id: Option<&str>,
     owner: Option<&str>,
     ttl: Option<Interval>,
@@ -181,9 +182,10 @@ fn lock_acquire(
 }
 
 /// Extends the caller's live lease to now + `ttl`; NULL when the caller holds none.
-#[pg_extern(volatile, parallel_unsafe)]
+// Its C symbol, lock_renew_0_3_wrapper, is one no older library has (compat.rs).
+#[pg_extern(volatile, parallel_unsafe, name = "lock_renew")]
 #[search_path(pg_catalog, pg_temp)]
-fn lock_renew(
+fn lock_renew_0_3(
     lock_id: Option<&str>,
     owner: Option<&str>,
     ttl: Option<Interval>,
@@ -193,9 +195,10 @@ fn lock_renew(
 }
 
 /// Ends the caller's lease; true when the caller still held it.
-#[pg_extern(volatile, parallel_unsafe)]
+// Its C symbol, lock_release_0_3_wrapper, is one no older library has (compat.rs).
+#[pg_extern(volatile, parallel_unsafe, name = "lock_release")]
 #[search_path(pg_catalog, pg_temp)]
-fn lock_release(
+fn lock_release_0_3(
     lock_id: Option<&str>,
     owner: Option<&str>,
     fence_token: default!(Option<i64>, "NULL"),

@@ -8,6 +8,7 @@ mod backend;
 mod caller;
 mod claims;
 mod commit;
+mod compat;
 mod counter;
 mod eras;
 mod error;
@@ -37,9 +38,9 @@ extension_sql_file!(
     "../sql/fence.sql",
     name = "fence",
     requires = [
-        fence::fence_advance,
-        fence::check_token,
-        fence::lock_check,
+        fence::fence_advance_0_3,
+        fence::check_token_0_3,
+        fence::lock_check_0_3,
         fence::fence_read_check,
         fence::declare_token,
         fence::declared_token

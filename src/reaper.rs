@@ -31,7 +31,7 @@ use crate::backend;
 use crate::error::LockError;
 use crate::settings;
 use crate::sql::{end_sessions_in, with_events};
-use crate::statements::{first_value, Statement};
+use crate::statements::Statement;
 use crate::status::Reporter;
 use crate::xact::in_transaction;
 
@@ -60,11 +60,6 @@ fn free_at(expires_at: TimestampWithTimeZone, lock_delay: Interval) -> Timestamp
         TimestampWithTimeZone::negative_infinity()
     })
 }
-
-static EXTENSION_INSTALLED: Statement = Statement {
-    sql: "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'lockext')",
-    params: &[],
-};
 
 // Oldest first, through the index on when a lease's lock is free (`free_at`: its expiry
 // plus its lock-delay), with the batch's clock ($3, read once) as an index condition, so
@@ -334,11 +329,13 @@ pub extern "C-unwind" fn lockext_reaper_main(_arg: pg_sys::Datum) {
     };
     let reporter = Reporter::claim(backend::database(), backend::pid());
     let mut reported_no_extension = false;
+    let mut reported_version = None;
     loop {
         if !backend::in_recovery() {
             match reap_round(&reporter) {
                 Ok(reaped) => {
                     reported_no_extension = false;
+                    reported_version = None;
                     reporter.round_done(reaped, None);
                 }
                 Err(RoundError::NoExtension) => {
@@ -350,6 +347,14 @@ pub extern "C-unwind" fn lockext_reaper_main(_arg: pg_sys::Datum) {
                         0,
                         Some("extension lockext is not installed in this database"),
                     );
+                }
+                Err(RoundError::OtherVersion(version)) => {
+                    let waits = crate::compat::reaper_waits(&version);
+                    if reported_version.as_ref() != Some(&version) {
+                        log!("lockext: database \"{db}\": {waits}");
+                        reported_version = Some(version);
+                    }
+                    reporter.round_done(0, Some(&waits));
                 }
                 Err(RoundError::Failed { reaped, message }) => {
                     log!("lockext: the reaper of database \"{db}\" failed: {message}");
@@ -367,15 +372,26 @@ pub extern "C-unwind" fn lockext_reaper_main(_arg: pg_sys::Datum) {
 
 enum RoundError {
     NoExtension,
-    Failed { reaped: u64, message: String },
+    /// The database's SQL objects are of another version than this library (between
+    /// installing a package and ALTER EXTENSION UPDATE): the reaper's statements need this
+    /// version's, and no backend of this library grants a lease there meanwhile.
+    OtherVersion(String),
+    Failed {
+        reaped: u64,
+        message: String,
+    },
 }
 
 /// Deletes batches of expired leases until a batch comes back short. Returns how many.
 fn reap_round(reporter: &Reporter) -> Result<u64, RoundError> {
-    let installed = in_transaction(extension_installed)
+    let installed = in_transaction(crate::compat::installed_version)
         .map_err(|message| RoundError::Failed { reaped: 0, message })?;
-    if !installed {
-        return Err(RoundError::NoExtension);
+    match installed {
+        None => return Err(RoundError::NoExtension),
+        Some(version) if version != crate::compat::LIBRARY_VERSION => {
+            return Err(RoundError::OtherVersion(version))
+        }
+        Some(_) => {}
     }
     let mut reaped = 0u64;
     loop {
@@ -389,12 +405,6 @@ fn reap_round(reporter: &Reporter) -> Result<u64, RoundError> {
             return Ok(reaped);
         }
     }
-}
-
-fn extension_installed() -> Result<bool, LockError> {
-    Spi::connect_mut(|client| {
-        Ok(first_value::<bool>(EXTENSION_INSTALLED.run(client, &[])?)?.unwrap_or(false))
-    })
 }
 
 /// Deletes up to `limit` leases of each kind that `REAP` clears, and wakes their waiters at

@@ -19,9 +19,10 @@ use crate::xact;
 
 /// Takes every lock in `lock_ids` for `owner`, or none: one grant per distinct lock id, in
 /// sorted order, or no rows. `wait` bounds the time for the whole set.
-#[pg_extern(volatile, parallel_unsafe)]
+// Its C symbol, lock_acquire_all_0_3_wrapper, is one no older library has (compat.rs).
+#[pg_extern(volatile, parallel_unsafe, name = "lock_acquire_all")]
 #[search_path(pg_catalog, pg_temp)]
-fn lock_acquire_all(
+fn lock_acquire_all_0_3(
     lock_ids: Option<Vec<Option<String>>>,
     owner: Option<&str>,
     ttl: Option<Interval>,
@@ -54,9 +55,10 @@ type GrantRow = (
 );
 
 /// Releases the caller's leases on `lock_ids`; returns how many of them it still held.
-#[pg_extern(volatile, parallel_unsafe)]
+// Its C symbol, lock_release_all_0_3_wrapper, is one no older library has (compat.rs).
+#[pg_extern(volatile, parallel_unsafe, name = "lock_release_all")]
 #[search_path(pg_catalog, pg_temp)]
-fn lock_release_all(lock_ids: Option<Vec<Option<String>>>, owner: Option<&str>) -> i32 {
+fn lock_release_all_0_3(lock_ids: Option<Vec<Option<String>>>, owner: Option<&str>) -> i32 {
     caller::as_owner(|| release_all(lock_ids, owner)).or_report()
 }
 

@@ -552,9 +552,10 @@ fn token_era() -> TableIterator<'static, (name!(layout, i32), name!(era, i32))> 
 
 /// A token taken apart: the layout it was minted in (2 for every token of an installation
 /// made with 0.3.0 or later, 1 for one upgraded from 0.2.0), its era and its counter.
-#[pg_extern(immutable, parallel_safe, strict)]
+// Its C symbol, token_parts_0_3_wrapper, is one no older library has (compat.rs).
+#[pg_extern(immutable, parallel_safe, strict, name = "token_parts")]
 #[search_path(pg_catalog, pg_temp)]
-fn token_parts(
+fn token_parts_0_3(
     fence_token: i64,
 ) -> TableIterator<'static, (name!(layout, i32), name!(era, i32), name!(counter, i64))> {
     let layout = Layout::of(fence_token);

@@ -18,6 +18,7 @@ pub mod crash;
 pub mod gdb;
 pub mod history;
 pub mod leases;
+pub mod packages;
 pub mod permits;
 pub mod race;
 
@@ -75,6 +76,18 @@ impl Cluster {
     /// instance `LD_PRELOAD` of libfaketime; see `faketime_env`). Values must not
     /// contain single quotes.
     pub fn start_with_env(name: &str, extra_conf: &str, env: &[(&str, &str)]) -> Cluster {
+        let cluster = Cluster::init_with_env(name, extra_conf, env);
+        cluster.pg_ctl("start -w -t 60");
+        cluster
+            .connect()
+            .batch_execute("CREATE EXTENSION lockext")
+            .expect("create extension");
+        cluster
+    }
+
+    /// As `start_with_env`, but neither started nor with the extension: for a test that
+    /// starts it with another installation's binaries (`pg_ctl_from`).
+    pub fn init_with_env(name: &str, extra_conf: &str, env: &[(&str, &str)]) -> Cluster {
         let port = free_port();
         let dir = PathBuf::from(format!("/tmp/lockext-tests/{name}-{port}"));
         let _ = fs::remove_dir_all(&dir);
@@ -115,11 +128,6 @@ impl Cluster {
         let mut text = fs::read_to_string(&conf_path).expect("read postgresql.conf");
         text.push_str(&conf);
         fs::write(&conf_path, text).expect("write postgresql.conf");
-        cluster.pg_ctl("start -w -t 60");
-        cluster
-            .connect()
-            .batch_execute("CREATE EXTENSION lockext")
-            .expect("create extension");
         cluster
     }
 
@@ -173,6 +181,12 @@ impl Cluster {
     }
 
     pub fn pg_ctl(&self, args: &str) {
+        self.pg_ctl_from(std::path::Path::new(PG_BIN), args);
+    }
+
+    /// `pg_ctl` of the installation whose binaries are in `bin`: it starts that
+    /// installation's `postgres`, which loads that installation's libraries.
+    pub fn pg_ctl_from(&self, bin: &std::path::Path, args: &str) {
         let env = self.env_path();
         let env = if env.exists() {
             format!("set -a; . {}; set +a; ", env.display())
@@ -180,7 +194,8 @@ impl Cluster {
             String::new()
         };
         self.as_postgres(&format!(
-            "{env}{PG_BIN}/pg_ctl -D {} -l {} {args}",
+            "{env}{}/pg_ctl -D {} -l {} {args}",
+            bin.display(),
             self.data().display(),
             self.log_path().display()
         ));

@@ -1,0 +1,694 @@
+//! What older SQL versions call, and why each call is kept or refused.
+//!
+//! Between installing a new package (its `lockext.so`) and `ALTER EXTENSION lockext UPDATE`
+//! in a database, that database's SQL objects are still an older version's, and they call
+//! this library by the C symbols that *their* script named: `lock_acquire_wrapper` with
+//! 0.1.0's three arguments or 0.2.0's eight, every lease and fence function SECURITY
+//! DEFINER, over the older tables. (Without preload a new backend loads the new library at
+//! once; with preload, every backend does at the next restart.) Like pg_stat_statements,
+//! this library keeps every symbol an older script names, and gives each the meaning the
+//! older SQL promised, or refuses the call with 55000 and a hint naming the command. The
+//! current SQL calls symbols that no older library has (`*_0_3_wrapper`), so an old
+//! library still mapped in a backend after the update (a session opened before the package
+//! was installed, without preload) fails to find them (42883) instead of running old code
+//! on new tables.
+//!
+//! | symbol (older SQL) | here | why |
+//! |---|---|---|
+//! | `lock_acquire` (0.1.0: 3 arguments, 0.2.0: 8), `lock_acquire_all` (0.2.0) | refused | a grant mints a token. This library mints by the token eras that 0.3.0's tables record; 0.2.0's rules (an epoch raised at each boot) are the holes 0.3.0 closed, and minting by either here would let the update's move of the epoch row (sql/lockext--0.2.0--0.3.0.sql) reason from a row that no longer says what was handed out |
+//! | `lock_renew`, `lock_release` (0.1.0, 0.2.0), `lock_release_all` (0.2.0) | served | they mint nothing, and the rows are as the older version wrote them. For the session's role, as older SQL did (its SECURITY DEFINER hides the calling role); refused inside a maintenance operation, where the session's role is not the one running, and for a `lockext_admin` member acting on another role's lease (older SQL cannot tell whose code calls it, so its admin power is not lent to anyone) |
+//! | `lock_check` | served | read-only, under the newest snapshot as 0.3.0 reads it; refused in parallel mode (older SQL declared it PARALLEL SAFE, and a parallel operation cannot take that snapshot) |
+//! | `fenced_update`, `fence_advance`, `check_token` | served | no resource of older SQL is bound to a lock (that column comes with 0.3.0), so the mark is the whole check: a token below it is refused, as before. A token above the highest one the older versions could have issued is refused as never issued |
+//! | `token_parts` | served as 0.2.0 did | its columns are named (era, raise, counter) of 0.2.0's layout: 0.3.0's answer (layout, era, counter) under those names would be wrong |
+//! | `reaper_status`, `stats`, `stats_reset`, `waiters` | one symbol for every version | shared memory only, the same columns in every version |
+//!
+//! The reaper of a database whose SQL is older waits for the update (`reaper.rs`): its
+//! statements need 0.3.0's index function, and in the window no backend of this library
+//! grants a lease, so none needs a dead one cleared. No lease is ever written here in an
+//! older SQL's window but by renew and release, and those touch live rows only; so the
+//! renew and release below need no retry against a reaper's batch (`lease.rs`).
+//!
+//! The older statements below are frozen with the schemas of sql/lockext--0.1.0.sql and
+//! sql/lockext--0.1.0--0.2.0.sql; they are valid on 0.3.0's tables too, for a call that
+//! started before an update committed and ran on after it.
+
+use std::ffi::CStr;
+
+use pgrx::datum::DatumWithOid;
+use pgrx::pg_sys::panic::ErrorReport;
+use pgrx::pg_sys::{self, BuiltinOid::*};
+use pgrx::prelude::*;
+use pgrx::PgSqlErrorCode;
+
+use crate::backend;
+use crate::commit;
+use crate::error::{self, LockError, OrReport};
+use crate::lease;
+use crate::statements::{first_value, Statement};
+use crate::stats::{self, Counter};
+use crate::wait;
+use crate::xact;
+
+/// The version of this library, and of the SQL it was built with.
+pub const LIBRARY_VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// A released SQL version whose entry points this library serves.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Older {
+    V0_1,
+    V0_2,
+}
+
+impl Older {
+    fn name(self) -> &'static str {
+        match self {
+            Older::V0_1 => "0.1.0",
+            Older::V0_2 => "0.2.0",
+        }
+    }
+}
+
+static INSTALLED: Statement = Statement {
+    sql: "SELECT extversion FROM pg_catalog.pg_extension WHERE extname = 'lockext'",
+    params: &[],
+};
+
+/// The version of lockext's SQL objects in this database, if it has any.
+pub fn installed_version() -> Result<Option<String>, LockError> {
+    Spi::connect_mut(|client| Ok(first_value::<String>(INSTALLED.run(client, &[])?)?))
+}
+
+/// What the reaper of a database whose SQL is `version` says while it waits.
+pub fn reaper_waits(version: &str) -> String {
+    format!(
+        "lockext's SQL objects here are at {version}, its library at {LIBRARY_VERSION}: \
+         the reaper waits for ALTER EXTENSION lockext UPDATE"
+    )
+}
+
+fn database_name() -> String {
+    let name = unsafe { pg_sys::get_database_name(backend::database()) };
+    if name.is_null() {
+        return format!("oid {}", backend::database().to_u32());
+    }
+    unsafe { CStr::from_ptr(name) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// Raises 55000 for `function`, called by SQL objects at `version`, with `detail`.
+fn refuse(function: &str, version: &str, detail: &str) -> ! {
+    let db = database_name();
+    ErrorReport::new(
+        PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+        format!(
+            "lockext.{function} is refused until lockext is updated in database \"{db}\": its \
+             SQL objects are at version {version}, its library at {LIBRARY_VERSION}"
+        ),
+        "lockext",
+    )
+    .set_detail(detail)
+    .set_hint(format!(
+        "Run ALTER EXTENSION lockext UPDATE in database \"{db}\", and in every other \
+         database that has lockext at an older version."
+    ))
+    .report(PgLogLevel::ERROR);
+    unreachable!("an ERROR report does not return")
+}
+
+/// The older SQL version that called `function` through one of these entry points. Only
+/// 0.1.0's and 0.2.0's scripts name them; any other caller is refused rather than guessed.
+fn older(function: &'static str) -> Older {
+    match installed_version().or_report().as_deref() {
+        Some("0.1.0") => Older::V0_1,
+        Some("0.2.0") => Older::V0_2,
+        other => refuse(
+            function,
+            other.unwrap_or("none"),
+            "This entry point serves the SQL of lockext 0.1.0 and 0.2.0 only; a function of \
+             another version, or made by hand, that names it cannot be served by guessing.",
+        ),
+    }
+}
+
+// ---- grants: refused ---------------------------------------------------------------
+
+const MINTS_A_TOKEN: &str = "A grant mints a fencing token, and this library mints tokens \
+    only by the token eras that the tables of lockext 0.3.0 record; by the older SQL's rules \
+    it could hand out a token that is not above every token handed out before. Leases \
+    already held can still be renewed and released, and fenced writes are still checked.";
+
+/// 0.1.0: `lock_acquire(lock_id, owner, ttl)`; 0.2.0: also `wait, lock_delay, mode,
+/// permits, session_bound`. The arguments are not read: the call is refused either way.
+#[pg_extern(sql = false)]
+fn lock_acquire() -> Option<pgrx::composite_type!('static, "lock_grant")> {
+    refuse("lock_acquire", older("lock_acquire").name(), MINTS_A_TOKEN)
+}
+
+/// 0.2.0: `lock_acquire_all(lock_ids, owner, ttl, wait, mode, session_bound)`.
+#[allow(clippy::type_complexity)]
+#[pg_extern(sql = false)]
+fn lock_acquire_all() -> TableIterator<
+    'static,
+    (
+        name!(lock_id, String),
+        name!(owner, String),
+        name!(fence_token, i64),
+        name!(acquired_at, TimestampWithTimeZone),
+        name!(expires_at, TimestampWithTimeZone),
+    ),
+> {
+    refuse(
+        "lock_acquire_all",
+        older("lock_acquire_all").name(),
+        MINTS_A_TOKEN,
+    )
+}
+
+// ---- renew and release: served -------------------------------------------------------
+
+/// The role an older SQL's lease function acts for: the session's, as 0.1.0 and 0.2.0
+/// recorded and checked it (`GetOuterUserId`). Their functions are SECURITY DEFINER, so
+/// the current user is the extension's owner and the role whose code called is gone.
+/// Inside a maintenance operation (ANALYZE, REINDEX, REFRESH MATERIALIZED VIEW, an index
+/// expression) the code running is the table owner's, not the session's: refused there.
+/// What cannot be seen from here is another role's SECURITY DEFINER function that the
+/// session calls: it acts for the session, on the session's own leases only (there is no
+/// administrator's path here), as it could with 0.2.0 itself; renew and release decide
+/// availability, never which token is newer.
+fn session_role(function: &'static str, version: Older) -> pg_sys::Oid {
+    if unsafe { pg_sys::InSecurityRestrictedOperation() } {
+        refuse(
+            function,
+            version.name(),
+            "Inside a maintenance operation the code running is not the session role's, and \
+             the older SQL's functions (SECURITY DEFINER) do not say whose it is.",
+        );
+    }
+    unsafe { pg_sys::GetOuterUserId() }
+}
+
+fn is_admin(role: pg_sys::Oid) -> bool {
+    let admin = unsafe { pg_sys::get_role_oid(c"lockext_admin".as_ptr(), true) };
+    admin != pg_sys::InvalidOid && unsafe { pg_sys::is_member_of_role(role, admin) }
+}
+
+// The caller's own lease, by lock id and owner, in either table: extended when live.
+macro_rules! renew_own_sql {
+    ($table:literal, $renewals:literal) => {
+        concat!(
+            "UPDATE ",
+            $table,
+            " AS l SET expires_at = $5 + $4",
+            $renewals,
+            " FROM (SELECT lock_id, owner FROM ",
+            $table,
+            " WHERE lock_id = $1 AND owner = $2 AND expires_at > $5 AND holder_role = $3 \
+                AND ($6::bigint IS NULL OR fence_token = $6) \
+                FOR UPDATE SKIP LOCKED) AS c \
+             WHERE l.lock_id = c.lock_id AND l.owner = c.owner \
+             RETURNING l.expires_at"
+        )
+    };
+}
+
+const RENEW_PARAMS: &[pg_sys::PgBuiltInOids] = &[
+    TEXTOID,
+    TEXTOID,
+    OIDOID,
+    INTERVALOID,
+    TIMESTAMPTZOID,
+    INT8OID,
+];
+// 0.1.0 has no shared leases and counts no renewals.
+static RENEW_0_1: [Statement; 1] = [Statement {
+    sql: renew_own_sql!("lockext.locks", ""),
+    params: RENEW_PARAMS,
+}];
+static RENEW_0_2: [Statement; 2] = [
+    Statement {
+        sql: renew_own_sql!("lockext.locks", ", renewals = l.renewals + 1"),
+        params: RENEW_PARAMS,
+    },
+    Statement {
+        sql: renew_own_sql!("lockext.shared_leases", ", renewals = l.renewals + 1"),
+        params: RENEW_PARAMS,
+    },
+];
+
+// The caller's own row, live or not (deleting a dead one is cleanup), and whether it was
+// live: only then did the caller hold the lock.
+macro_rules! release_own_sql {
+    ($table:literal) => {
+        concat!(
+            "DELETE FROM ",
+            $table,
+            " AS l USING (SELECT lock_id, owner, expires_at > $4 AS live FROM ",
+            $table,
+            " WHERE lock_id = $1 AND owner = $2 AND holder_role = $3 \
+                AND ($5::bigint IS NULL OR fence_token = $5) \
+                FOR UPDATE SKIP LOCKED) AS c \
+             WHERE l.lock_id = c.lock_id AND l.owner = c.owner \
+             RETURNING c.live, l.fence_token"
+        )
+    };
+}
+
+const RELEASE_PARAMS: &[pg_sys::PgBuiltInOids] =
+    &[TEXTOID, TEXTOID, OIDOID, TIMESTAMPTZOID, INT8OID];
+static RELEASE_0_1: [Statement; 1] = [Statement {
+    sql: release_own_sql!("lockext.locks"),
+    params: RELEASE_PARAMS,
+}];
+static RELEASE_0_2: [Statement; 2] = [
+    Statement {
+        sql: release_own_sql!("lockext.locks"),
+        params: RELEASE_PARAMS,
+    },
+    Statement {
+        sql: release_own_sql!("lockext.shared_leases"),
+        params: RELEASE_PARAMS,
+    },
+];
+
+// Whether another role's lease matches, for an administrator's renew or release.
+static OTHERS_0_1: Statement = Statement {
+    sql: "SELECT EXISTS (SELECT FROM lockext.locks WHERE lock_id = $1 AND owner = $2 \
+                            AND holder_role <> $3 AND ($4::bigint IS NULL OR fence_token = $4))",
+    params: &[TEXTOID, TEXTOID, OIDOID, INT8OID],
+};
+static OTHERS_0_2: Statement = Statement {
+    sql: "SELECT EXISTS (SELECT FROM lockext.locks WHERE lock_id = $1 AND owner = $2 \
+                            AND holder_role <> $3 AND ($4::bigint IS NULL OR fence_token = $4)) \
+              OR EXISTS (SELECT FROM lockext.shared_leases WHERE lock_id = $1 AND owner = $2 \
+                            AND holder_role <> $3 AND ($4::bigint IS NULL OR fence_token = $4))",
+    params: &[TEXTOID, TEXTOID, OIDOID, INT8OID],
+};
+
+/// A renew or release that found no lease of the caller's: when the caller is a
+/// `lockext_admin` member and the lease is another role's, refused, not answered "not
+/// yours" (0.3.0's SQL lets an administrator act on it; older SQL cannot do so safely).
+fn refuse_if_administering(
+    function: &'static str,
+    version: Older,
+    role: pg_sys::Oid,
+    lock_id: &str,
+    owner: &str,
+    fence_token: Option<i64>,
+) -> Result<(), LockError> {
+    if !is_admin(role) {
+        return Ok(());
+    }
+    let statement = match version {
+        Older::V0_1 => &OTHERS_0_1,
+        Older::V0_2 => &OTHERS_0_2,
+    };
+    let args = [
+        DatumWithOid::from(lock_id),
+        owner.into(),
+        role.into(),
+        fence_token.into(),
+    ];
+    let others = Spi::connect_mut(|client| first_value::<bool>(statement.run(client, &args)?))?;
+    if others == Some(true) {
+        refuse(
+            function,
+            version.name(),
+            "A lockext_admin member renews and releases other roles' leases only through the \
+             SQL of lockext 0.3.0, whose functions see the role whose code calls them; the \
+             older SQL's functions (SECURITY DEFINER) see only the session's role.",
+        );
+    }
+    Ok(())
+}
+
+/// 0.1.0 and 0.2.0: `lock_renew(lock_id, owner, ttl, fence_token DEFAULT NULL)`.
+#[pg_extern(sql = false)]
+fn lock_renew(
+    lock_id: Option<&str>,
+    owner: Option<&str>,
+    ttl: Option<Interval>,
+    fence_token: Option<i64>,
+) -> Option<TimestampWithTimeZone> {
+    let version = older("lock_renew");
+    renew(version, lock_id, owner, ttl, fence_token).or_report()
+}
+
+fn renew(
+    version: Older,
+    lock_id: Option<&str>,
+    owner: Option<&str>,
+    ttl: Option<Interval>,
+    fence_token: Option<i64>,
+) -> Result<Option<TimestampWithTimeZone>, LockError> {
+    let lock_id = error::identifier("lock_id", lock_id)?;
+    let owner = error::identifier("owner", owner)?;
+    let ttl = error::ttl(ttl)?;
+    let fence_token = error::optional_token("fence_token", fence_token)?;
+    backend::writable_server()?;
+    let role = session_role("lock_renew", version);
+    let args = [
+        DatumWithOid::from(lock_id),
+        owner.into(),
+        role.into(),
+        ttl.into(),
+        backend::now()?.into(),
+        fence_token.into(),
+    ];
+    let statements: &[Statement] = match version {
+        Older::V0_1 => &RENEW_0_1,
+        Older::V0_2 => &RENEW_0_2,
+    };
+    let only_leases = commit::only_leases_so_far();
+    let renewed = Spi::connect_mut(|client| {
+        for statement in statements {
+            // A refused renewal keeps no lock on a row it did not change (`xact.rs`).
+            let renewed = xact::kept_if_found(|| Ok(first_value(statement.run(client, &args)?)?))?;
+            if renewed.is_some() {
+                return Ok::<_, LockError>(renewed);
+            }
+        }
+        Ok(None)
+    })?;
+    commit::relax_if_only_leases(only_leases);
+    if renewed.is_none() {
+        refuse_if_administering("lock_renew", version, role, lock_id, owner, fence_token)?;
+    }
+    stats::count(if renewed.is_some() {
+        Counter::RenewalsOk
+    } else {
+        Counter::RenewalsFailed
+    });
+    Ok(renewed)
+}
+
+/// 0.1.0 and 0.2.0: `lock_release(lock_id, owner, fence_token DEFAULT NULL)`.
+#[pg_extern(sql = false)]
+fn lock_release(lock_id: Option<&str>, owner: Option<&str>, fence_token: Option<i64>) -> bool {
+    let version = older("lock_release");
+    (|| {
+        let lock_id = error::identifier("lock_id", lock_id)?;
+        let owner = error::identifier("owner", owner)?;
+        let fence_token = error::optional_token("fence_token", fence_token)?;
+        backend::writable_server()?;
+        let role = session_role("lock_release", version);
+        release(version, "lock_release", role, lock_id, owner, fence_token)
+    })()
+    .or_report()
+}
+
+/// 0.2.0: `lock_release_all(lock_ids, owner)`: how many of the leases the caller held.
+#[pg_extern(sql = false)]
+fn lock_release_all(lock_ids: Option<Vec<Option<String>>>, owner: Option<&str>) -> i32 {
+    let version = older("lock_release_all");
+    (|| {
+        let lock_ids = lock_ids.ok_or(LockError::NullArgument { arg: "lock_ids" })?;
+        if lock_ids.is_empty() {
+            return Err(LockError::EmptyLockSet { arg: "lock_ids" });
+        }
+        let mut ids = Vec::with_capacity(lock_ids.len());
+        for id in &lock_ids {
+            ids.push(error::identifier("lock_ids element", id.as_deref())?);
+        }
+        ids.sort_unstable();
+        ids.dedup();
+        let owner = error::identifier("owner", owner)?;
+        backend::writable_server()?;
+        let role = session_role("lock_release_all", version);
+        let mut released = 0;
+        for id in ids {
+            if release(version, "lock_release_all", role, id, owner, None)? {
+                released += 1;
+            }
+        }
+        Ok(released)
+    })()
+    .or_report()
+}
+
+fn release(
+    version: Older,
+    function: &'static str,
+    role: pg_sys::Oid,
+    lock_id: &str,
+    owner: &str,
+    fence_token: Option<i64>,
+) -> Result<bool, LockError> {
+    let args = [
+        DatumWithOid::from(lock_id),
+        owner.into(),
+        role.into(),
+        backend::now()?.into(),
+        fence_token.into(),
+    ];
+    let statements: &[Statement] = match version {
+        Older::V0_1 => &RELEASE_0_1,
+        Older::V0_2 => &RELEASE_0_2,
+    };
+    let only_leases = commit::only_leases_so_far();
+    let deleted = Spi::connect_mut(|client| -> Result<Option<(bool, i64)>, LockError> {
+        for statement in statements {
+            let deleted = xact::kept_if_found(|| {
+                let rows = statement.run(client, &args)?;
+                if rows.is_empty() {
+                    return Ok(None);
+                }
+                let row = rows.first();
+                Ok(Some((
+                    row.get::<bool>(1)?.unwrap_or(false),
+                    row.get::<i64>(2)?.unwrap_or(0),
+                )))
+            })?;
+            if deleted.is_some() {
+                return Ok(deleted);
+            }
+        }
+        Ok(None)
+    })?;
+    commit::relax_if_only_leases(only_leases);
+    if deleted.is_none() {
+        refuse_if_administering(function, version, role, lock_id, owner, fence_token)?;
+    } else {
+        wait::wake_head_at_commit(lock_id);
+    }
+    let released = matches!(deleted, Some((true, _)));
+    stats::count(if released {
+        Counter::ReleasesOk
+    } else {
+        Counter::ReleasesFailed
+    });
+    // 0.2.0 announced releases (lockext.notify); 0.1.0 had no events.
+    if let (Older::V0_2, Some((true, token))) = (version, deleted) {
+        lease::notify("released", lock_id, token, None)?;
+    }
+    Ok(released)
+}
+
+// ---- lock_check: served ------------------------------------------------------------
+
+static LIVE_0_1: Statement = Statement {
+    sql: "SELECT EXISTS (SELECT FROM lockext.locks \
+                          WHERE lock_id = $1 AND fence_token = $2 AND expires_at > clock_timestamp()) \
+             AS live",
+    params: &[TEXTOID, INT8OID],
+};
+static LIVE_0_2: Statement = Statement {
+    sql: "SELECT EXISTS (SELECT FROM lockext.locks \
+                          WHERE lock_id = $1 AND fence_token = $2 AND expires_at > clock_timestamp()) \
+              OR EXISTS (SELECT FROM lockext.shared_leases \
+                          WHERE lock_id = $1 AND fence_token = $2 AND expires_at > clock_timestamp()) \
+             AS live",
+    params: &[TEXTOID, INT8OID],
+};
+
+/// 0.1.0 and 0.2.0: `lock_check(lock_id, fence_token)`: whether that grant is live now, by
+/// the server's clock and the newest snapshot (not a REPEATABLE READ transaction's, which
+/// would still show a grant released since it began).
+#[pg_extern(sql = false)]
+fn lock_check(lock_id: Option<&str>, fence_token: Option<i64>) -> bool {
+    let version = older("lock_check");
+    let lock_id = error::identifier("lock_id", lock_id).or_report();
+    let fence_token = error::token("fence_token", fence_token).or_report();
+    if unsafe { pg_sys::IsInParallelMode() } {
+        refuse(
+            "lock_check",
+            version.name(),
+            "lock_check reads the newest snapshot, which a parallel operation cannot take; \
+             the older SQL declares it PARALLEL SAFE, the update declares it PARALLEL UNSAFE.",
+        );
+    }
+    let statement = match version {
+        Older::V0_1 => &LIVE_0_1,
+        Older::V0_2 => &LIVE_0_2,
+    };
+    let args = [DatumWithOid::from(lock_id), fence_token.into()];
+    Spi::connect_mut(|_| {
+        statement
+            .read_latest(&args)
+            .and_then(|row| row.get::<bool>("live"))
+    }) == Some(true)
+}
+
+// ---- fencing: served ----------------------------------------------------------------
+
+// The high-water mark alone: older SQL's resources have no lock to be bound to. Equal
+// tokens are accepted (the same grant writing again); $4: replace the stored document.
+static ADVANCE_OLDER: Statement = Statement {
+    sql: "INSERT INTO lockext.resources AS r (resource_id, fence_token, data, updated_at) \
+          VALUES ($1, $2, $3, clock_timestamp()) \
+          ON CONFLICT (resource_id) DO UPDATE \
+             SET fence_token = EXCLUDED.fence_token, \
+                 data = CASE WHEN $4 THEN EXCLUDED.data ELSE r.data END, \
+                 updated_at = EXCLUDED.updated_at \
+           WHERE r.fence_token <= EXCLUDED.fence_token \
+          RETURNING true",
+    params: &[TEXTOID, INT8OID, JSONBOID, BOOLOID],
+};
+
+static MARK: Statement = Statement {
+    sql: "SELECT fence_token FROM lockext.resources WHERE resource_id = $1",
+    params: &[TEXTOID],
+};
+
+/// 0.1.0 and 0.2.0: `fenced_update(resource_id, fence_token, data)`.
+#[pg_extern(sql = false)]
+fn fenced_update(
+    resource_id: Option<&str>,
+    fence_token: Option<i64>,
+    data: Option<pgrx::JsonB>,
+) -> bool {
+    older("fenced_update");
+    (|| {
+        let resource_id = error::identifier("resource_id", resource_id)?;
+        let fence_token = error::token("fence_token", fence_token)?;
+        let data = data.ok_or(LockError::NullArgument { arg: "data" })?;
+        advance(resource_id, fence_token, Some(data))
+    })()
+    .or_report()
+}
+
+/// 0.1.0 and 0.2.0: `fence_advance(resource_id, fence_token)`: NULL when accepted, else
+/// the newer token that makes it stale (`lockext.fence`, in SQL, raises 55L01 with it).
+#[pg_extern(sql = false)]
+fn fence_advance(resource_id: Option<&str>, fence_token: Option<i64>) -> Option<i64> {
+    older("fence_advance");
+    (|| {
+        let resource_id = error::identifier("resource_id", resource_id)?;
+        let fence_token = error::token("fence_token", fence_token)?;
+        if advance(resource_id, fence_token, None)? {
+            return Ok(None);
+        }
+        Spi::connect_mut(|client| {
+            Ok(first_value::<i64>(
+                MARK.run(client, &[resource_id.into()])?,
+            )?)
+        })
+    })()
+    .or_report()
+}
+
+/// 0.1.0 and 0.2.0: `check_token(fence_token)`, which their `fence_guard` and `fence_read`
+/// call: an error unless the token is one the older versions could have issued.
+#[pg_extern(sql = false)]
+fn check_token(fence_token: Option<i64>) {
+    older("check_token");
+    (|| require_issued(error::token("fence_token", fence_token)?))().or_report()
+}
+
+fn advance(
+    resource_id: &str,
+    fence_token: i64,
+    data: Option<pgrx::JsonB>,
+) -> Result<bool, LockError> {
+    backend::writable_server()?;
+    require_issued(fence_token)?;
+    let replace = data.is_some();
+    let args = [
+        DatumWithOid::from(resource_id),
+        fence_token.into(),
+        data.into(),
+        replace.into(),
+    ];
+    // A refused upsert still holds the resource's row (ON CONFLICT locks it before its
+    // WHERE says no): undone, so that a refused writer whose transaction stays open holds
+    // up no one.
+    let accepted = Spi::connect_mut(|client| {
+        xact::kept_if_found(|| Ok((!ADVANCE_OLDER.run(client, &args)?.is_empty()).then_some(())))
+    })?
+    .is_some();
+    if !accepted {
+        stats::count(Counter::FenceStale);
+    }
+    Ok(accepted)
+}
+
+// What the older versions can have handed out: the epoch row, and the counter. Read under
+// the newest snapshot, so that a token another backend's older library (a session that
+// predates the package) minted under a new epoch is known the moment it is committed.
+static ISSUED: Statement = Statement {
+    sql: "SELECT (SELECT epoch::bigint FROM lockext.token_epoch) AS epoch, is_called, last_value \
+            FROM lockext.fence_token_seq",
+    params: &[],
+};
+
+/// 0.1.0's and 0.2.0's layout: a 20-bit epoch (an 8-bit era, a 12-bit raise) over a 43-bit
+/// counter.
+const COUNTER_BITS: u32 = 43;
+const RAISE_BITS: u32 = 12;
+const EPOCH_LIMIT: i64 = 1 << 20;
+
+/// The highest token the older versions can have handed out, given the recorded epoch
+/// (`None`: no row), the counter's last value (`None`: never used) and the WAL timeline.
+/// 0.2.0 could mint in the epoch after the recorded one, or in the next era, before (or
+/// without) that epoch's row committing; so the bound is the last raise of the era after
+/// the recorded one, or of the timeline's era: the same epoch that the update to 0.3.0
+/// moves the row to (sql/lockext--0.2.0--0.3.0.sql), above which 0.3.0 starts. A forged
+/// token up to it can fence out only holders of older grants, as 0.2.0's own check let it;
+/// never a grant made after the update.
+fn highest_of(epoch: Option<i64>, counter: Option<i64>, timeline: i64) -> i64 {
+    let Some(counter) = counter else {
+        return 0; // no token was ever handed out
+    };
+    let era = match epoch {
+        Some(epoch) => ((epoch >> RAISE_BITS) + 1).max(timeline),
+        None => timeline.max(1),
+    };
+    let last_epoch = ((era << RAISE_BITS) | ((1 << RAISE_BITS) - 1)).min(EPOCH_LIMIT - 1);
+    (last_epoch << COUNTER_BITS) | counter.clamp(0, (1 << COUNTER_BITS) - 1)
+}
+
+/// Refuses a token the older versions never issued: a forged one would raise a resource's
+/// mark past every real holder.
+fn require_issued(token: i64) -> Result<(), LockError> {
+    let row = Spi::connect_mut(|_| ISSUED.read_latest(&[]));
+    let (epoch, counter) = match row {
+        Some(row) => (
+            row.get::<i64>("epoch"),
+            (row.get::<bool>("is_called") == Some(true))
+                .then(|| row.get::<i64>("last_value").unwrap_or(0)),
+        ),
+        None => (None, None),
+    };
+    let timeline = i64::from(unsafe { pg_sys::GetWALInsertionTimeLine() });
+    let highest = highest_of(epoch, counter, timeline);
+    if token > highest {
+        stats::count(Counter::FenceForged);
+        return Err(LockError::TokenNeverIssued { token, highest });
+    }
+    Ok(())
+}
+
+// ---- token_parts: served with 0.2.0's meaning ----------------------------------------
+
+/// 0.1.0 and 0.2.0: `token_parts(fence_token) -> TABLE (era, raise, counter)`, in their
+/// layout, as they computed it: every token they handed out is in it.
+#[pg_extern(sql = false)]
+fn token_parts(
+    fence_token: i64,
+) -> TableIterator<'static, (name!(era, i32), name!(raise, i32), name!(counter, i64))> {
+    let epoch = fence_token >> COUNTER_BITS;
+    let era = (epoch >> RAISE_BITS) as i32;
+    let raise = (epoch & ((1 << RAISE_BITS) - 1)) as i32;
+    let counter = fence_token & ((1 << COUNTER_BITS) - 1);
+    TableIterator::once((era, raise, counter))
+}
