@@ -8,6 +8,8 @@ use pgrx::prelude::*;
 use pgrx::spi::SpiError;
 use pgrx::PgSqlErrorCode;
 
+use crate::text::Text;
+
 /// Longest lock id, owner or resource id accepted, in bytes. Ids are b-tree keys; a bound
 /// keeps index entries small and tells a caller who passes a payload instead of a name.
 pub const MAX_ID_BYTES: usize = 256;
@@ -198,7 +200,7 @@ impl<T> OrReport<T> for Result<T, LockError> {
 }
 
 /// A lock id, owner or resource id: present, not empty, not over-long.
-pub fn identifier<'a>(arg: &'static str, value: Option<&'a str>) -> Result<&'a str, LockError> {
+pub fn identifier<'a>(arg: &'static str, value: Option<Text<'a>>) -> Result<Text<'a>, LockError> {
     let value = value.ok_or(LockError::NullArgument { arg })?;
     if value.is_empty() {
         return Err(LockError::EmptyIdentifier { arg });

@@ -23,6 +23,7 @@ use crate::caller;
 use crate::error::{self, LockError, OrReport};
 use crate::statements::{first_value, Statement};
 use crate::stats::{self, Counter};
+use crate::text::{Jsonb, Text, TextBuf};
 use crate::token;
 use crate::xact;
 
@@ -100,9 +101,9 @@ static LEASE_IS_LIVE: Statement = Statement {
 #[pg_extern(volatile, parallel_unsafe)]
 #[search_path(pg_catalog, pg_temp)]
 fn fenced_update(
-    resource_id: Option<&str>,
+    resource_id: Option<Text<'_>>,
     fence_token: Option<i64>,
-    data: Option<pgrx::JsonB>,
+    data: Option<Jsonb>,
 ) -> bool {
     caller::as_owner(|| fenced_write(resource_id, fence_token, data)).or_report()
 }
@@ -112,7 +113,7 @@ fn fenced_update(
 /// makes it stale. (`lockext.fence` turns the latter into an error.)
 #[pg_extern(volatile, parallel_unsafe)]
 #[search_path(pg_catalog, pg_temp)]
-fn fence_advance(resource_id: Option<&str>, fence_token: Option<i64>) -> Option<i64> {
+fn fence_advance(resource_id: Option<Text<'_>>, fence_token: Option<i64>) -> Option<i64> {
     caller::as_owner(|| fence_only(resource_id, fence_token)).or_report()
 }
 
@@ -121,7 +122,7 @@ fn fence_advance(resource_id: Option<&str>, fence_token: Option<i64>) -> Option<
 /// Keeps the resource's row share-locked to the end of the transaction.
 #[pg_extern(volatile, parallel_unsafe)]
 #[search_path(pg_catalog, pg_temp)]
-fn fence_read_check(resource_id: Option<&str>, fence_token: Option<i64>) -> Option<String> {
+fn fence_read_check(resource_id: Option<Text<'_>>, fence_token: Option<i64>) -> Option<TextBuf> {
     caller::as_owner(|| read_check(resource_id, fence_token)).or_report()
 }
 
@@ -178,7 +179,7 @@ fn check_token(fence_token: Option<i64>) {
 /// once they hold the resource's row. Not granted to anyone: lockext's own.
 #[pg_extern(volatile, parallel_unsafe)]
 #[search_path(pg_catalog, pg_temp)]
-fn exclusive_grant_live(lock_id: &str, fence_token: i64, holder_role: pg_sys::Oid) -> bool {
+fn exclusive_grant_live(lock_id: Text<'_>, fence_token: i64, holder_role: pg_sys::Oid) -> bool {
     read_now(
         &EXCLUSIVE_GRANT_LIVE,
         lock_id,
@@ -193,14 +194,14 @@ fn exclusive_grant_live(lock_id: &str, fence_token: i64, holder_role: pg_sys::Oi
 // Parallel unsafe: the newest snapshot cannot be taken during a parallel operation.
 #[pg_extern(volatile, parallel_unsafe)]
 #[search_path(pg_catalog, pg_temp)]
-fn lock_check(lock_id: Option<&str>, fence_token: Option<i64>) -> bool {
+fn lock_check(lock_id: Option<Text<'_>>, fence_token: Option<i64>) -> bool {
     lease_is_live(lock_id, fence_token).or_report()
 }
 
 pub fn fenced_write(
-    resource_id: Option<&str>,
+    resource_id: Option<Text<'_>>,
     fence_token: Option<i64>,
-    data: Option<pgrx::JsonB>,
+    data: Option<Jsonb>,
 ) -> Result<bool, LockError> {
     let resource_id = error::identifier("resource_id", resource_id)?;
     let fence_token = error::token("fence_token", fence_token)?;
@@ -209,7 +210,7 @@ pub fn fenced_write(
 }
 
 fn fence_only(
-    resource_id: Option<&str>,
+    resource_id: Option<Text<'_>>,
     fence_token: Option<i64>,
 ) -> Result<Option<i64>, LockError> {
     let resource_id = error::identifier("resource_id", resource_id)?;
@@ -232,9 +233,9 @@ fn checked_token(fence_token: Option<i64>) -> Result<(), LockError> {
 /// The one path every fenced write takes: refuse forged tokens, then move the resource's
 /// high-water mark up (or keep it), storing `data` when given. False when stale.
 fn advance(
-    resource_id: &str,
+    resource_id: Text<'_>,
     fence_token: i64,
-    data: Option<pgrx::JsonB>,
+    data: Option<Jsonb>,
 ) -> Result<bool, LockError> {
     backend::writable_server()?;
     let accepted = Spi::connect_mut(|client| {
@@ -261,16 +262,16 @@ fn advance(
     Ok(accepted)
 }
 
-fn lease_is_live(lock_id: Option<&str>, fence_token: Option<i64>) -> Result<bool, LockError> {
+fn lease_is_live(lock_id: Option<Text<'_>>, fence_token: Option<i64>) -> Result<bool, LockError> {
     let lock_id = error::identifier("lock_id", lock_id)?;
     let fence_token = error::token("fence_token", fence_token)?;
     Ok(read_now(&LEASE_IS_LIVE, lock_id, fence_token, None))
 }
 
 fn read_check(
-    resource_id: Option<&str>,
+    resource_id: Option<Text<'_>>,
     fence_token: Option<i64>,
-) -> Result<Option<String>, LockError> {
+) -> Result<Option<TextBuf>, LockError> {
     let resource_id = error::identifier("resource_id", resource_id)?;
     let fence_token = error::token("fence_token", fence_token)?;
     // The share lock is kept only for a reader who may read: a refused one (who may not
@@ -288,7 +289,7 @@ fn read_check(
 
 /// Why a reader may not read `resource_id` with `fence_token`, if it may not; takes the
 /// resource's row share-locked.
-fn refusal(resource_id: &str, fence_token: i64) -> Result<Option<String>, LockError> {
+fn refusal(resource_id: Text<'_>, fence_token: i64) -> Result<Option<TextBuf>, LockError> {
     let (mark, guard) = Spi::connect_mut(|client| {
         token::require_issued(client, fence_token)?;
         let rows = READ_MARK.run(client, &[resource_id.into()])?;
@@ -296,18 +297,33 @@ fn refusal(resource_id: &str, fence_token: i64) -> Result<Option<String>, LockEr
             return Ok::<_, LockError>((None, None));
         }
         let row = rows.first();
-        Ok((row.get::<i64>(1)?, row.get::<String>(2)?))
+        Ok((row.get::<i64>(1)?, row.get::<TextBuf>(2)?))
     })?;
     if let Some(guard) = guard {
-        if !read_now(&OWN_LEASE_LIVE, &guard, fence_token, Some(caller::role())) {
-            return Ok(Some(format!(
-                "The resource is bound to lock \"{guard}\", and fence token {fence_token} is not a live lease of it held by this role."
+        if !read_now(
+            &OWN_LEASE_LIVE,
+            guard.as_text(),
+            fence_token,
+            Some(caller::role()),
+        ) {
+            // Text in the database's encoding, the lock id's bytes as they are: the SQL
+            // wrapper raises it as the error's detail.
+            return Ok(Some(TextBuf::from_bytes(
+                [
+                    &b"The resource is bound to lock \""[..],
+                    guard.as_text().bytes(),
+                    format!(
+                        "\", and fence token {fence_token} is not a live lease of it held by this role."
+                    )
+                    .as_bytes(),
+                ]
+                .concat(),
             )));
         }
     }
     Ok(match mark {
-        Some(mark) if mark > fence_token => Some(format!(
-            "A writer with fence token {mark} has written since."
+        Some(mark) if mark > fence_token => Some(TextBuf::from_bytes(
+            format!("A writer with fence token {mark} has written since.").into_bytes(),
         )),
         _ => None,
     })
@@ -316,7 +332,7 @@ fn refusal(resource_id: &str, fence_token: i64) -> Result<Option<String>, LockEr
 /// A yes-or-no question about a grant (of `role`'s, when given), under the newest snapshot.
 fn read_now(
     question: &'static Statement,
-    lock_id: &str,
+    lock_id: Text<'_>,
     fence_token: i64,
     role: Option<pg_sys::Oid>,
 ) -> bool {

@@ -19,6 +19,7 @@ use crate::session;
 use crate::settings;
 use crate::sql::{clear_dead_sql, grant_returning, grant_sets};
 use crate::statements::{first_value, Statement};
+use crate::text::{Text, TextBuf};
 use crate::token;
 use crate::xact;
 
@@ -159,13 +160,13 @@ pub enum Kind {
 
 impl Kind {
     /// From lock_acquire's `mode` and `permits`; NULL means the default, as for `wait`.
-    pub fn parse(mode: Option<&str>, permits: Option<i32>) -> Result<Kind, LockError> {
-        let shared = match mode.unwrap_or("exclusive") {
-            "exclusive" => false,
-            "shared" => true,
-            other => {
+    pub fn parse(mode: Option<Text<'_>>, permits: Option<i32>) -> Result<Kind, LockError> {
+        let shared = match mode.map_or(&b"exclusive"[..], Text::bytes) {
+            b"exclusive" => false,
+            b"shared" => true,
+            _ => {
                 return Err(LockError::UnknownMode {
-                    mode: other.to_string(),
+                    mode: mode.map(|m| m.to_string()).unwrap_or_default(),
                 })
             }
         };
@@ -185,8 +186,8 @@ impl Kind {
 /// (`sets.rs`) shares it.
 #[derive(Clone, Copy)]
 pub struct Request<'a> {
-    pub lock_id: &'a str,
-    pub owner: &'a str,
+    pub lock_id: Text<'a>,
+    pub owner: Text<'a>,
     pub ttl: Interval,
     pub wait: Duration,
     pub lock_delay: Duration,
@@ -197,12 +198,12 @@ pub struct Request<'a> {
 impl<'a> Request<'a> {
     #[allow(clippy::too_many_arguments)]
     pub fn validate(
-        lock_id: &'a str,
-        owner: Option<&'a str>,
+        lock_id: Text<'a>,
+        owner: Option<Text<'a>>,
         ttl: Option<Interval>,
         wait: Option<Interval>,
         lock_delay: Option<Interval>,
-        mode: Option<&str>,
+        mode: Option<Text<'_>>,
         permits: Option<i32>,
         session_bound: Option<bool>,
     ) -> Result<Request<'a>, LockError> {
@@ -333,8 +334,8 @@ pub fn millis(ms: i64) -> Duration {
 /// A grant, in plain values: a composite value made inside a subtransaction would hold a
 /// tuple descriptor owned by it, gone once it ends (`to_grant` makes lockext.lock_grant).
 pub struct Granted {
-    pub lock_id: String,
-    pub owner: String,
+    pub lock_id: TextBuf,
+    pub owner: TextBuf,
     pub token: i64,
     pub acquired_at: TimestampWithTimeZone,
     pub expires_at: TimestampWithTimeZone,
@@ -394,8 +395,8 @@ fn grant_row(rows: pgrx::spi::SpiTupleTable<'_>) -> Result<Option<Granted>, Lock
         Some(expires_at),
         Some(minted),
     ) = (
-        row.get::<String>(1)?,
-        row.get::<String>(2)?,
+        row.get::<TextBuf>(1)?,
+        row.get::<TextBuf>(2)?,
         row.get::<i64>(3)?,
         row.get::<TimestampWithTimeZone>(4)?,
         row.get::<TimestampWithTimeZone>(5)?,

@@ -34,6 +34,7 @@ use crate::shared;
 use crate::sql::{grant_returning, grant_sets};
 use crate::statements::{first_value, Statement};
 use crate::stats::{self, Counter};
+use crate::text::Text;
 use crate::wait;
 use crate::xact;
 
@@ -199,12 +200,12 @@ static NOTIFY: Statement = Statement {
 #[pg_extern(volatile, parallel_unsafe)]
 #[search_path(pg_catalog, pg_temp)]
 fn lock_acquire(
-    lock_id: Option<&str>,
-    owner: Option<&str>,
+    lock_id: Option<Text<'_>>,
+    owner: Option<Text<'_>>,
     ttl: Option<Interval>,
     wait: default!(Option<Interval>, "'0 seconds'"),
     lock_delay: default!(Option<Interval>, "NULL"),
-    mode: default!(Option<&str>, "'exclusive'"),
+    mode: default!(Option<Text<'_>>, "'exclusive'"),
     permits: default!(Option<i32>, "NULL"),
     session_bound: default!(Option<bool>, "false"),
 ) -> Option<pgrx::composite_type!('static, "lock_grant")> {
@@ -229,8 +230,8 @@ fn lock_acquire(
 #[pg_extern(volatile, parallel_unsafe)]
 #[search_path(pg_catalog, pg_temp)]
 fn lock_renew(
-    lock_id: Option<&str>,
-    owner: Option<&str>,
+    lock_id: Option<Text<'_>>,
+    owner: Option<Text<'_>>,
     ttl: Option<Interval>,
     fence_token: default!(Option<i64>, "NULL"),
 ) -> Option<TimestampWithTimeZone> {
@@ -241,8 +242,8 @@ fn lock_renew(
 #[pg_extern(volatile, parallel_unsafe)]
 #[search_path(pg_catalog, pg_temp)]
 fn lock_release(
-    lock_id: Option<&str>,
-    owner: Option<&str>,
+    lock_id: Option<Text<'_>>,
+    owner: Option<Text<'_>>,
     fence_token: default!(Option<i64>, "NULL"),
 ) -> bool {
     caller::as_owner(|| release(lock_id, owner, fence_token)).or_report()
@@ -429,8 +430,8 @@ fn attempt_exclusive(
 }
 
 pub fn renew(
-    lock_id: Option<&str>,
-    owner: Option<&str>,
+    lock_id: Option<Text<'_>>,
+    owner: Option<Text<'_>>,
     ttl: Option<Interval>,
     fence_token: Option<i64>,
 ) -> Result<Option<TimestampWithTimeZone>, LockError> {
@@ -479,8 +480,8 @@ pub fn renew(
 }
 
 pub fn release(
-    lock_id: Option<&str>,
-    owner: Option<&str>,
+    lock_id: Option<Text<'_>>,
+    owner: Option<Text<'_>>,
     fence_token: Option<i64>,
 ) -> Result<bool, LockError> {
     let lock_id = error::identifier("lock_id", lock_id)?;
@@ -492,8 +493,8 @@ pub fn release(
 
 /// Releases a lease whose arguments are already checked.
 pub fn release_valid(
-    lock_id: &str,
-    owner: &str,
+    lock_id: Text<'_>,
+    owner: Text<'_>,
     fence_token: Option<i64>,
 ) -> Result<bool, LockError> {
     let args = [
@@ -588,7 +589,7 @@ fn while_briefly_locked<T>(
 /// if `lockext.notify` is on.
 pub fn notify(
     event: &str,
-    lock_id: &str,
+    lock_id: Text<'_>,
     token: i64,
     previous: Option<i64>,
 ) -> Result<(), LockError> {

@@ -22,6 +22,7 @@ mod sql;
 mod statements;
 mod stats;
 mod status;
+mod text;
 mod token;
 mod wait;
 mod xact;
