@@ -19,7 +19,7 @@ use pgrx::pg_sys::{self, BuiltinOid::*};
 use pgrx::prelude::*;
 
 use crate::backend;
-use crate::caller;
+use crate::caller::{self, Needs};
 use crate::error::{self, LockError, OrReport};
 use crate::statements::{first_value, Statement};
 use crate::stats::{self, Counter};
@@ -52,6 +52,21 @@ static ADVANCE: Statement = Statement {
                       ELSE lockext.exclusive_grant_live(r.lock_id, EXCLUDED.fence_token, $5) END \
           RETURNING true",
     params: &[TEXTOID, INT8OID, JSONBOID, BOOLOID, OIDOID],
+};
+
+// Binds (or, $2 NULL, unbinds) a resource. A resource bound to another lock than before
+// starts again from mark 0: a mark left by any other lock's token (any member may have
+// raised it before the binding) would refuse the lock's holder.
+static BIND: Statement = Statement {
+    sql:
+        "INSERT INTO lockext.resources AS r (resource_id, fence_token, data, updated_at, lock_id) \
+          VALUES ($1, 0, NULL, clock_timestamp(), $2) \
+          ON CONFLICT ON CONSTRAINT resources_pkey DO UPDATE \
+             SET lock_id = EXCLUDED.lock_id, \
+                 fence_token = CASE WHEN EXCLUDED.lock_id IS NOT NULL \
+                                     AND r.lock_id IS DISTINCT FROM EXCLUDED.lock_id \
+                                    THEN 0 ELSE r.fence_token END",
+    params: &[TEXTOID, TEXTOID],
 };
 
 // What made a refused fence stale: the mark, or for a bound resource whose mark is not
@@ -105,7 +120,7 @@ fn fenced_update(
     fence_token: Option<i64>,
     data: Option<Jsonb>,
 ) -> bool {
-    caller::as_owner(|| fenced_write(resource_id, fence_token, data)).or_report()
+    caller::as_member(|| fenced_write(resource_id, fence_token, data)).or_report()
 }
 
 /// Records `fence_token` as `resource_id`'s high-water mark, in the caller's transaction
@@ -114,7 +129,7 @@ fn fenced_update(
 #[pg_extern(volatile, parallel_unsafe)]
 #[search_path(pg_catalog, pg_temp)]
 fn fence_advance(resource_id: Option<Text<'_>>, fence_token: Option<i64>) -> Option<i64> {
-    caller::as_owner(|| fence_only(resource_id, fence_token)).or_report()
+    caller::as_member(|| fence_only(resource_id, fence_token)).or_report()
 }
 
 /// A reader's check (`lockext.fence_read`): NULL when the reader may read `resource_id`
@@ -123,7 +138,7 @@ fn fence_advance(resource_id: Option<Text<'_>>, fence_token: Option<i64>) -> Opt
 #[pg_extern(volatile, parallel_unsafe)]
 #[search_path(pg_catalog, pg_temp)]
 fn fence_read_check(resource_id: Option<Text<'_>>, fence_token: Option<i64>) -> Option<TextBuf> {
-    caller::as_owner(|| read_check(resource_id, fence_token)).or_report()
+    caller::as_member(|| read_check(resource_id, fence_token)).or_report()
 }
 
 thread_local! {
@@ -140,17 +155,40 @@ thread_local! {
 #[pg_extern(volatile, parallel_unsafe)]
 #[search_path(pg_catalog, pg_temp)]
 fn declare_token(fence_token: Option<i64>) {
-    declare(fence_token).or_report();
+    caller::require(Needs::User)
+        .and_then(|()| declare(fence_token))
+        .or_report();
 }
 
 /// The token this transaction declared for the current role (`declare_token`), if any.
 #[pg_extern(volatile, parallel_unsafe)]
 #[search_path(pg_catalog, pg_temp)]
 fn declared_token() -> Option<i64> {
+    caller::require(Needs::User).or_report();
     let (xact, role) = this_writer();
     DECLARED
         .get()
         .and_then(|(x, r, token)| (x == xact && r == role).then_some(token))
+}
+
+/// fence_guard's check of one row (sql/fence.sql): declares the writer's `fence_token` (as
+/// `declare_token`, refusing a token never issued) and answers whether it may write a row
+/// that carries `row_token` (NULL: a new row, or one without a token): false when the row's
+/// is newer. A refusal is counted with fenced_update's (`fence_rejected_stale`), in shared
+/// memory, so the count outlives the transaction that the trigger's error rolls back.
+#[pg_extern(volatile, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
+fn fence_row(fence_token: Option<i64>, row_token: Option<i64>) -> bool {
+    caller::require(Needs::User)
+        .and_then(|()| declare(fence_token))
+        .map(|()| match (fence_token, row_token) {
+            (Some(writer), Some(row)) if writer < row => {
+                stats::count(Counter::FenceStale);
+                false
+            }
+            _ => true,
+        })
+        .or_report()
 }
 
 /// The current transaction, as this backend numbers them, and the current role.
@@ -167,11 +205,12 @@ fn declare(fence_token: Option<i64>) -> Result<(), LockError> {
     Ok(())
 }
 
-/// Raises an error unless `fence_token` is a token lockext could have issued.
-#[pg_extern(volatile, parallel_unsafe, security_definer)]
+/// Raises an error unless `fence_token` is a token lockext could have issued. (Not
+/// SECURITY DEFINER: inside, the caller would be lost to the privilege check.)
+#[pg_extern(volatile, parallel_unsafe)]
 #[search_path(pg_catalog, pg_temp)]
 fn check_token(fence_token: Option<i64>) {
-    checked_token(fence_token).or_report();
+    caller::as_member(|| checked_token(fence_token)).or_report();
 }
 
 /// True while the grant with `fence_token` of `lock_id` is its live exclusive lease, by the
@@ -195,7 +234,24 @@ fn exclusive_grant_live(lock_id: Text<'_>, fence_token: i64, holder_role: pg_sys
 #[pg_extern(volatile, parallel_unsafe)]
 #[search_path(pg_catalog, pg_temp)]
 fn lock_check(lock_id: Option<Text<'_>>, fence_token: Option<i64>) -> bool {
-    lease_is_live(lock_id, fence_token).or_report()
+    caller::require(Needs::User)
+        .and_then(|()| lease_is_live(lock_id, fence_token))
+        .or_report()
+}
+
+/// Binds `resource_id` to the lock that guards it, `lock_id` (NULL: unbinds it): from then
+/// on the resource accepts only that lock's live exclusive grant, presented by the role
+/// that took it (`ADVANCE`). An operator's decision, so `lockext_admin`'s only; the caller
+/// is checked before the function becomes the tables' owner, which SECURITY DEFINER would
+/// not allow.
+#[pg_extern(volatile, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
+fn bind_resource(resource_id: Option<Text<'_>>, lock_id: Option<Text<'_>>) {
+    caller::require(Needs::Admin {
+        action: "bind a resource to a lock",
+    })
+    .and_then(|()| caller::as_owner(|| bind(resource_id, lock_id)))
+    .or_report()
 }
 
 pub fn fenced_write(
@@ -222,6 +278,18 @@ fn fence_only(
         Ok(first_value::<i64>(
             HIGH_WATER_MARK.run(client, &[resource_id.into(), fence_token.into()])?,
         )?)
+    })
+}
+
+fn bind(resource_id: Option<Text<'_>>, lock_id: Option<Text<'_>>) -> Result<(), LockError> {
+    let resource_id = error::identifier("resource_id", resource_id)?;
+    let lock_id = lock_id
+        .map(|id| error::identifier("lock_id", Some(id)))
+        .transpose()?;
+    backend::writable_server()?;
+    Spi::connect_mut(|client| {
+        BIND.run(client, &[resource_id.into(), lock_id.into()])?;
+        Ok(())
     })
 }
 

@@ -209,7 +209,7 @@ fn lock_acquire(
     permits: default!(Option<i32>, "NULL"),
     session_bound: default!(Option<bool>, "false"),
 ) -> Option<pgrx::composite_type!('static, "lock_grant")> {
-    caller::as_owner(|| {
+    caller::as_member(|| {
         let lock_id = error::identifier("lock_id", lock_id)?;
         let request = Request::validate(
             lock_id,
@@ -235,7 +235,7 @@ fn lock_renew(
     ttl: Option<Interval>,
     fence_token: default!(Option<i64>, "NULL"),
 ) -> Option<TimestampWithTimeZone> {
-    caller::as_owner(|| renew(lock_id, owner, ttl, fence_token)).or_report()
+    caller::as_member(|| renew(lock_id, owner, ttl, fence_token)).or_report()
 }
 
 /// Ends the caller's lease; true when the caller still held it.
@@ -246,7 +246,7 @@ fn lock_release(
     owner: Option<Text<'_>>,
     fence_token: default!(Option<i64>, "NULL"),
 ) -> bool {
-    caller::as_owner(|| release(lock_id, owner, fence_token)).or_report()
+    caller::as_member(|| release(lock_id, owner, fence_token)).or_report()
 }
 
 pub fn acquire(request: &Request<'_>) -> Result<Option<Granted>, LockError> {

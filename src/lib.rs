@@ -41,7 +41,8 @@ extension_sql_file!(
         fence::lock_check,
         fence::fence_read_check,
         fence::declare_token,
-        fence::declared_token
+        fence::declared_token,
+        fence::fence_row
     ]
 );
 // The reaper's index, over a Rust function.

@@ -40,7 +40,7 @@ fn lock_acquire_all(
     ),
 > {
     TableIterator::new(
-        caller::as_owner(|| acquire_all(lock_ids, owner, ttl, wait, mode, session_bound))
+        caller::as_member(|| acquire_all(lock_ids, owner, ttl, wait, mode, session_bound))
             .or_report(),
     )
 }
@@ -58,7 +58,7 @@ type GrantRow = (
 #[pg_extern(volatile, parallel_unsafe)]
 #[search_path(pg_catalog, pg_temp)]
 fn lock_release_all(lock_ids: Option<Vec<Option<TextBuf>>>, owner: Option<Text<'_>>) -> i32 {
-    caller::as_owner(|| release_all(lock_ids, owner)).or_report()
+    caller::as_member(|| release_all(lock_ids, owner)).or_report()
 }
 
 fn acquire_all(
