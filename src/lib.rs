@@ -57,6 +57,12 @@ extension_sql_file!(
     name = "views",
     requires = [stats::stats, wait::waiters]
 );
+// A warning when the server did not preload lockext: what is missing, and how to fix it.
+extension_sql_file!(
+    "../sql/preload.sql",
+    name = "preload",
+    requires = [stats::stats]
+);
 // Roles and EXECUTE grants, once the functions exist.
 extension_sql_file!("../sql/privileges.sql", name = "privileges", finalize);
 
