@@ -17,7 +17,8 @@ use pgrx::datum::{Datum, UnboxDatum};
 use pgrx::nullable::Nullable;
 use pgrx::{pg_sys, FromDatum, IntoDatum};
 
-/// A `text` argument: its bytes, in the database's encoding, borrowed for the call.
+/// A `text` argument: its bytes, in the database's encoding, borrowed for the call. (Read
+/// values from SPI as `TextBuf`: a borrowed one would point into memory SPI frees.)
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Text<'a>(&'a [u8]);
 
