@@ -26,35 +26,6 @@ BEGIN
     END IF;
 END $$;
 
--- Binds a resource to the lock that guards it (NULL: unbinds it). A bound resource accepts
--- only the live exclusive grant of that lock, presented by the role that took it (fence,
--- fenced_update, fence_guard with a resource id) and, for readers, a live lease of it
--- (fence_read): no other lock's token can move its mark, nobody else can use the holder's
--- token, and a holder whose lease ran out is refused at once. An operator's decision, so
--- lockext_admin's only.
---   SELECT lockext.bind_resource('account:42', 'ledger');
-CREATE FUNCTION lockext.bind_resource(resource_id text, lock_id text) RETURNS void
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-BEGIN
-    IF resource_id IS NULL THEN
-        RAISE EXCEPTION 'resource_id must not be NULL' USING ERRCODE = '22004';
-    END IF;
-    IF resource_id = '' OR lock_id = '' THEN
-        RAISE EXCEPTION 'resource_id and lock_id must not be empty' USING ERRCODE = '22023';
-    END IF;
-    IF octet_length(resource_id) > 256 OR octet_length(lock_id) > 256 THEN
-        RAISE EXCEPTION 'resource_id and lock_id are at most 256 bytes long' USING ERRCODE = '22001';
-    END IF;
-    INSERT INTO lockext.resources AS r (resource_id, fence_token, data, updated_at, lock_id)
-    VALUES (bind_resource.resource_id, 0, NULL, clock_timestamp(), bind_resource.lock_id)
-    ON CONFLICT ON CONSTRAINT resources_pkey DO UPDATE
-        SET lock_id = EXCLUDED.lock_id,
-            -- Bound to another lock: a mark left by any other lock's token (any member may
-            -- have raised it before the binding) would refuse the lock's holder.
-            fence_token = CASE WHEN EXCLUDED.lock_id IS NOT NULL AND r.lock_id IS DISTINCT FROM EXCLUDED.lock_id
-                               THEN 0 ELSE r.fence_token END;
-END $$;
-
 -- The reader's side, for holders of shared leases. Readers do not move the high-water mark
 -- (two readers' tokens must not fence each other out); a reader is refused once a writer
 -- with a newer token has written, and, on a bound resource, unless the token is a live
@@ -107,23 +78,37 @@ DECLARE
     writer    bigint;
     old_token bigint;
 BEGIN
+    -- The writer needs lockext_user, which lockext's functions below would check too; said
+    -- here, the error names the table instead of one of them.
+    IF NOT pg_has_role('lockext_user', 'USAGE') THEN
+        RAISE EXCEPTION 'permission denied to write %.%, which lockext.fence_guard guards', TG_TABLE_SCHEMA, TG_TABLE_NAME
+            USING ERRCODE = '42501',
+                  DETAIL = format('Role "%s" does not have the privileges of role lockext_user.', current_user),
+                  HINT = format('An administrator grants them with: GRANT lockext_user TO %s;', quote_ident(current_user));
+    END IF;
     IF TG_WHEN <> 'BEFORE' OR TG_LEVEL <> 'ROW' THEN
         RAISE EXCEPTION 'lockext.fence_guard must be a BEFORE INSERT OR UPDATE OR DELETE ... FOR EACH ROW trigger'
-            USING ERRCODE = '39P01';
+            USING ERRCODE = '39P01',
+                  HINT = format('CREATE TRIGGER ... BEFORE INSERT OR UPDATE OR DELETE ON %I.%I FOR EACH ROW EXECUTE FUNCTION lockext.fence_guard(''fence_token'')',
+                                TG_TABLE_SCHEMA, TG_TABLE_NAME);
     END IF;
     IF TG_NARGS NOT IN (1, 2) THEN
         RAISE EXCEPTION 'lockext.fence_guard takes the name of the token column, and optionally a resource id'
-            USING ERRCODE = '22023';
+            USING ERRCODE = '22023',
+                  HINT = 'EXECUTE FUNCTION lockext.fence_guard(''fence_token'') or lockext.fence_guard(''fence_token'', ''resource id'')';
     END IF;
     col := TG_ARGV[0];
     row_now := to_jsonb(CASE WHEN TG_OP = 'DELETE' THEN OLD ELSE NEW END);
     IF NOT row_now ? col THEN
         RAISE EXCEPTION 'table %.% has no column "%" for lockext.fence_guard', TG_TABLE_SCHEMA, TG_TABLE_NAME, col
-            USING ERRCODE = '42703';
+            USING ERRCODE = '42703',
+                  HINT = format('Add it (ALTER TABLE %I.%I ADD COLUMN %I bigint), or name the table''s token column in the trigger''s first argument.',
+                                TG_TABLE_SCHEMA, TG_TABLE_NAME, col);
     END IF;
     IF jsonb_typeof(row_now -> col) NOT IN ('number', 'null') THEN
         RAISE EXCEPTION 'column "%" of %.% must hold fence tokens (bigint)', col, TG_TABLE_SCHEMA, TG_TABLE_NAME
-            USING ERRCODE = '42804';
+            USING ERRCODE = '42804',
+                  HINT = 'Name a bigint column in the trigger''s first argument: it holds the fence token of the row''s writer.';
     END IF;
     IF TG_OP <> 'INSERT' THEN
         old_token := (to_jsonb(OLD) ->> col)::bigint;
@@ -133,7 +118,10 @@ BEGIN
         IF writer IS NULL THEN
             RAISE EXCEPTION 'a row of %.% must carry a fence token in "%"', TG_TABLE_SCHEMA, TG_TABLE_NAME, col
                 USING ERRCODE = '22004',
-                      HINT = 'Write the lock holder''s fence token into the column (the one lock_acquire returned).';
+                      HINT = CASE TG_OP
+                             WHEN 'INSERT' THEN format('Set "%s" to the lock holder''s fence token (the one lock_acquire returned).', col)
+                             ELSE format('Set "%s" to the lock holder''s fence token (the one lock_acquire returned), or leave it out of the UPDATE and declare the token first: SELECT lockext.declare_token(<token>).', col)
+                             END;
         END IF;
     ELSE
         writer := lockext.declared_token();
@@ -146,10 +134,10 @@ BEGIN
                       HINT = format('SELECT lockext.declare_token(<token>) first, in the same transaction and as the same role, or set "%s" in the UPDATE.', col);
         END IF;
     END IF;
-    -- Refuses a token never issued; and this transaction's later writes by this role that
-    -- carry no token of their own (a DELETE, a row moved to another partition) use it.
-    PERFORM lockext.declare_token(writer);
-    IF writer < old_token THEN
+    -- Declares the writer's token (refusing one never issued): this transaction's later
+    -- writes by this role that carry none of their own (a DELETE, a row moved to another
+    -- partition) use it. A refusal is counted in lockext.stats.
+    IF NOT lockext.fence_row(writer, old_token) THEN
         RAISE EXCEPTION 'fence token % is stale for this row of %.%', writer, TG_TABLE_SCHEMA, TG_TABLE_NAME
             USING ERRCODE = '55L01',
                   DETAIL = format('The row was written with fence token %s.', old_token),

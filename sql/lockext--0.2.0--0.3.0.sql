@@ -181,27 +181,14 @@ BEGIN
     END IF;
 END $$;
 
-CREATE FUNCTION lockext.bind_resource(resource_id text, lock_id text) RETURNS void
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-BEGIN
-    IF resource_id IS NULL THEN
-        RAISE EXCEPTION 'resource_id must not be NULL' USING ERRCODE = '22004';
-    END IF;
-    IF resource_id = '' OR lock_id = '' THEN
-        RAISE EXCEPTION 'resource_id and lock_id must not be empty' USING ERRCODE = '22023';
-    END IF;
-    IF octet_length(resource_id) > 256 OR octet_length(lock_id) > 256 THEN
-        RAISE EXCEPTION 'resource_id and lock_id are at most 256 bytes long' USING ERRCODE = '22001';
-    END IF;
-    INSERT INTO lockext.resources AS r (resource_id, fence_token, data, updated_at, lock_id)
-    VALUES (bind_resource.resource_id, 0, NULL, clock_timestamp(), bind_resource.lock_id)
-    ON CONFLICT ON CONSTRAINT resources_pkey DO UPDATE
-        SET lock_id = EXCLUDED.lock_id,
-            -- Bound to another lock: a mark left by any other lock's token (any member may
-            -- have raised it before the binding) would refuse the lock's holder.
-            fence_token = CASE WHEN EXCLUDED.lock_id IS NOT NULL AND r.lock_id IS DISTINCT FROM EXCLUDED.lock_id
-                               THEN 0 ELSE r.fence_token END;
-END $$;
+CREATE FUNCTION lockext."bind_resource"(
+	"resource_id" TEXT, /* Option < Text < '_ > > */
+	"lock_id" TEXT /* Option < Text < '_ > > */
+) RETURNS void
+VOLATILE PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'bind_resource_wrapper';
 
 -- Fenced writes and reads of a bound resource must know the calling role (its token is
 -- no secret): SECURITY INVOKER, becoming the tables' owner inside (src/caller.rs).
@@ -272,7 +259,7 @@ CREATE FUNCTION lockext."token_era"() RETURNS TABLE (
 	"layout" INT,  /* i32 */
 	"era" INT  /* i32 */
 )
-STRICT VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+STRICT VOLATILE PARALLEL UNSAFE
 SET search_path TO pg_catalog, pg_temp
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'token_era_wrapper';
@@ -305,6 +292,17 @@ REVOKE ALL ON FUNCTION lockext.declare_token(bigint) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION lockext.declare_token(bigint) TO lockext_user;
 REVOKE ALL ON FUNCTION lockext.declared_token() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION lockext.declared_token() TO lockext_user;
+-- fence_guard's check of a row, which counts a refusal in lockext.stats.
+CREATE FUNCTION lockext."fence_row"(
+	"fence_token" bigint, /* Option < i64 > */
+	"row_token" bigint /* Option < i64 > */
+) RETURNS bool /* bool */
+VOLATILE PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'fence_row_wrapper';
+REVOKE ALL ON FUNCTION lockext.fence_row(bigint, bigint) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION lockext.fence_row(bigint, bigint) TO lockext_user;
 CREATE OR REPLACE FUNCTION lockext.fence_guard() RETURNS trigger
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -313,23 +311,37 @@ DECLARE
     writer    bigint;
     old_token bigint;
 BEGIN
+    -- The writer needs lockext_user, which lockext's functions below would check too; said
+    -- here, the error names the table instead of one of them.
+    IF NOT pg_has_role('lockext_user', 'USAGE') THEN
+        RAISE EXCEPTION 'permission denied to write %.%, which lockext.fence_guard guards', TG_TABLE_SCHEMA, TG_TABLE_NAME
+            USING ERRCODE = '42501',
+                  DETAIL = format('Role "%s" does not have the privileges of role lockext_user.', current_user),
+                  HINT = format('An administrator grants them with: GRANT lockext_user TO %s;', quote_ident(current_user));
+    END IF;
     IF TG_WHEN <> 'BEFORE' OR TG_LEVEL <> 'ROW' THEN
         RAISE EXCEPTION 'lockext.fence_guard must be a BEFORE INSERT OR UPDATE OR DELETE ... FOR EACH ROW trigger'
-            USING ERRCODE = '39P01';
+            USING ERRCODE = '39P01',
+                  HINT = format('CREATE TRIGGER ... BEFORE INSERT OR UPDATE OR DELETE ON %I.%I FOR EACH ROW EXECUTE FUNCTION lockext.fence_guard(''fence_token'')',
+                                TG_TABLE_SCHEMA, TG_TABLE_NAME);
     END IF;
     IF TG_NARGS NOT IN (1, 2) THEN
         RAISE EXCEPTION 'lockext.fence_guard takes the name of the token column, and optionally a resource id'
-            USING ERRCODE = '22023';
+            USING ERRCODE = '22023',
+                  HINT = 'EXECUTE FUNCTION lockext.fence_guard(''fence_token'') or lockext.fence_guard(''fence_token'', ''resource id'')';
     END IF;
     col := TG_ARGV[0];
     row_now := to_jsonb(CASE WHEN TG_OP = 'DELETE' THEN OLD ELSE NEW END);
     IF NOT row_now ? col THEN
         RAISE EXCEPTION 'table %.% has no column "%" for lockext.fence_guard', TG_TABLE_SCHEMA, TG_TABLE_NAME, col
-            USING ERRCODE = '42703';
+            USING ERRCODE = '42703',
+                  HINT = format('Add it (ALTER TABLE %I.%I ADD COLUMN %I bigint), or name the table''s token column in the trigger''s first argument.',
+                                TG_TABLE_SCHEMA, TG_TABLE_NAME, col);
     END IF;
     IF jsonb_typeof(row_now -> col) NOT IN ('number', 'null') THEN
         RAISE EXCEPTION 'column "%" of %.% must hold fence tokens (bigint)', col, TG_TABLE_SCHEMA, TG_TABLE_NAME
-            USING ERRCODE = '42804';
+            USING ERRCODE = '42804',
+                  HINT = 'Name a bigint column in the trigger''s first argument: it holds the fence token of the row''s writer.';
     END IF;
     IF TG_OP <> 'INSERT' THEN
         old_token := (to_jsonb(OLD) ->> col)::bigint;
@@ -339,7 +351,10 @@ BEGIN
         IF writer IS NULL THEN
             RAISE EXCEPTION 'a row of %.% must carry a fence token in "%"', TG_TABLE_SCHEMA, TG_TABLE_NAME, col
                 USING ERRCODE = '22004',
-                      HINT = 'Write the lock holder''s fence token into the column (the one lock_acquire returned).';
+                      HINT = CASE TG_OP
+                             WHEN 'INSERT' THEN format('Set "%s" to the lock holder''s fence token (the one lock_acquire returned).', col)
+                             ELSE format('Set "%s" to the lock holder''s fence token (the one lock_acquire returned), or leave it out of the UPDATE and declare the token first: SELECT lockext.declare_token(<token>).', col)
+                             END;
         END IF;
     ELSE
         writer := lockext.declared_token();
@@ -352,10 +367,10 @@ BEGIN
                       HINT = format('SELECT lockext.declare_token(<token>) first, in the same transaction and as the same role, or set "%s" in the UPDATE.', col);
         END IF;
     END IF;
-    -- Refuses a token never issued; and this transaction's later writes by this role that
-    -- carry no token of their own (a DELETE, a row moved to another partition) use it.
-    PERFORM lockext.declare_token(writer);
-    IF writer < old_token THEN
+    -- Declares the writer's token (refusing one never issued): this transaction's later
+    -- writes by this role that carry none of their own (a DELETE, a row moved to another
+    -- partition) use it. A refusal is counted in lockext.stats.
+    IF NOT lockext.fence_row(writer, old_token) THEN
         RAISE EXCEPTION 'fence token % is stale for this row of %.%', writer, TG_TABLE_SCHEMA, TG_TABLE_NAME
             USING ERRCODE = '55L01',
                   DETAIL = format('The row was written with fence token %s.', old_token),
@@ -386,3 +401,50 @@ DROP INDEX lockext.locks_expires_at_idx;
 DROP INDEX lockext.shared_leases_expires_at_idx;
 CREATE INDEX locks_free_at_idx ON lockext.locks (lockext.free_at(expires_at, lock_delay));
 CREATE INDEX shared_leases_free_at_idx ON lockext.shared_leases (lockext.free_at(expires_at, lock_delay));
+
+-- Functions that need lockext_user or lockext_admin check their caller themselves (and say
+-- which role to grant), so PUBLIC may execute them (sql/privileges.sql); check_token and
+-- token_era are SECURITY INVOKER for it, becoming the tables' owner inside.
+ALTER FUNCTION lockext.check_token(bigint) SECURITY INVOKER;
+DO $$
+DECLARE
+    f regprocedure;
+BEGIN
+    FOREACH f IN ARRAY ARRAY[
+        'lockext.lock_acquire(text, text, interval, interval, interval, text, integer, boolean)',
+        'lockext.lock_acquire_all(text[], text, interval, interval, text, boolean)',
+        'lockext.lock_release_all(text[], text)',
+        'lockext.lock_renew(text, text, interval, bigint)',
+        'lockext.lock_release(text, text, bigint)',
+        'lockext.lock_check(text, bigint)',
+        'lockext.fenced_update(text, bigint, jsonb)',
+        'lockext.fence(text, bigint)',
+        'lockext.fence_read(text, bigint)',
+        'lockext.fenced_read(text, bigint)',
+        'lockext.fence_advance(text, bigint)',
+        'lockext.fence_read_check(text, bigint)',
+        'lockext.declare_token(bigint)',
+        'lockext.declared_token()',
+        'lockext.fence_row(bigint, bigint)',
+        'lockext.check_token(bigint)',
+        'lockext.token_era()',
+        'lockext.bind_resource(text, text)',
+        'lockext.stats_reset()'
+    ]::regprocedure[] LOOP
+        EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO PUBLIC', f);
+    END LOOP;
+END $$;
+
+-- Without shared_preload_libraries, lockext still works, and much that operators count on
+-- is silently missing: say so when the extension is created or updated. lockext.stats()
+-- has rows exactly when the library was preloaded (its counters live in shared memory).
+-- A WARNING, because PostgreSQL runs an extension's script with client_min_messages at
+-- least WARNING: a NOTICE would never be seen.
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT FROM lockext.stats()) THEN
+        RAISE WARNING 'lockext is not loaded through shared_preload_libraries'
+            USING DETAIL = 'Without it, no reaper runs (expired leases stay in lockext''s tables until an acquire takes them over, and the session-bound leases of a backend that crashed last until their ttl), waiting acquires poll instead of queueing in order, and lockext.stats, lockext.waiters and lockext.reaper_status() stay empty. Leases, fence tokens, their durability and fencing work the same.',
+                  HINT = 'Add lockext to shared_preload_libraries in postgresql.conf (shared_preload_libraries = ''lockext'', after any libraries already listed), then restart the server.';
+    END IF;
+END $$;

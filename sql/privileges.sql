@@ -16,7 +16,14 @@ BEGIN
 END $$;
 
 -- Writers of a table guarded by lockext.fence_guard need lockext_user too: the trigger
--- runs with their rights and calls check_token and fence.
+-- runs with their rights and calls declared_token, fence_row and fence.
+--
+-- EXECUTE goes to PUBLIC as well: each of these functions checks its caller's privileges
+-- itself, first, and refuses a caller without them with the GRANT to make (src/caller.rs;
+-- fence_guard names the table). PostgreSQL's own check would refuse first, naming the
+-- function, often an internal one, and not the role. A function added to this list must
+-- make that check (05_security calls every one as a non-member). The grant to the role
+-- stays: with PUBLIC's revoked again, members are still served.
 DO $$
 DECLARE
     f regprocedure;
@@ -36,11 +43,13 @@ BEGIN
         'lockext.fence_read_check(text, bigint)',
         'lockext.declare_token(bigint)',
         'lockext.declared_token()',
+        'lockext.fence_row(bigint, bigint)',
         'lockext.check_token(bigint)',
         'lockext.token_era()'
     ]::regprocedure[] LOOP
         EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', f);
         EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO lockext_user', f);
+        EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO PUBLIC', f);
     END LOOP;
 END $$;
 
@@ -50,7 +59,10 @@ REVOKE ALL ON FUNCTION lockext.exclusive_grant_live(text, bigint, oid) FROM PUBL
 -- Binding a resource to its lock is an operator's decision.
 REVOKE ALL ON FUNCTION lockext.bind_resource(text, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION lockext.bind_resource(text, text) TO lockext_admin;
+GRANT EXECUTE ON FUNCTION lockext.bind_resource(text, text) TO PUBLIC; -- checks lockext_admin
 
 -- Resetting the counters is an operator's decision.
 REVOKE ALL ON FUNCTION lockext.stats_reset() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION lockext.stats_reset() TO lockext_admin;
+GRANT EXECUTE ON FUNCTION lockext.stats_reset() TO PUBLIC; -- checks lockext_admin
+

@@ -14,14 +14,24 @@
 //! would, keeping the caller: it records the current user as the caller, becomes the owner
 //! of lockext's schema (who owns its tables) for the body, and restores both afterwards,
 //! on an error too.
+//!
+//! Who may call: every function that needs `lockext_user` (or `lockext_admin`) is
+//! executable by PUBLIC and checks the caller's privileges itself, first (`require`):
+//! PostgreSQL's own EXECUTE check would refuse a non-member before any of lockext's code
+//! ran, with "permission denied for function <name>", naming an internal function when a
+//! wrapper or the fence_guard trigger called it, and never the role to grant. The check
+//! is the one PostgreSQL makes for a grant to a role: the privileges of that role
+//! (membership with INHERIT; superusers have them).
 
 use std::cell::Cell;
+use std::ffi::CStr;
 
 use pgrx::pg_sys;
 
 use crate::backend;
 use crate::error::LockError;
 use crate::statements::{first_value, Statement};
+use crate::text::Text;
 
 static SCHEMA_OWNER: Statement = Statement {
     sql: "SELECT nspowner FROM pg_catalog.pg_namespace WHERE oid = $1",
@@ -93,4 +103,52 @@ fn owner() -> Result<pg_sys::Oid, LockError> {
 pub fn is_admin() -> bool {
     let admin = unsafe { pg_sys::get_role_oid(c"lockext_admin".as_ptr(), true) };
     admin != pg_sys::InvalidOid && unsafe { pg_sys::is_member_of_role(role(), admin) }
+}
+
+/// The role whose privileges a function needs.
+#[derive(Clone, Copy)]
+pub enum Needs {
+    /// `lockext_user`: the lease and fence functions.
+    User,
+    /// `lockext_admin`, to do `action` (an operator's decision).
+    Admin { action: &'static str },
+}
+
+/// Refuses the current user unless it has the privileges of the role `needs` (42501, with
+/// the GRANT that would give them). Runs before anything else a function does.
+pub fn require(needs: Needs) -> Result<(), LockError> {
+    let (role, role_name, action) = match needs {
+        Needs::User => (c"lockext_user", "lockext_user", "use lockext"),
+        Needs::Admin { action } => (c"lockext_admin", "lockext_admin", action),
+    };
+    let user = backend::current_user();
+    let needed = unsafe { pg_sys::get_role_oid(role.as_ptr(), true) };
+    if needed != pg_sys::InvalidOid && unsafe { pg_sys::has_privs_of_role(user, needed) } {
+        return Ok(());
+    }
+    let (name, grantee) = unsafe {
+        let name = pg_sys::GetUserNameFromId(user, true);
+        if name.is_null() {
+            (user.to_u32().to_string(), user.to_u32().to_string())
+        } else {
+            // A role name is text in the encoding of the database that created it.
+            let quoted = CStr::from_ptr(pg_sys::quote_identifier(name));
+            (
+                Text::new(CStr::from_ptr(name).to_bytes()).to_string(),
+                Text::new(quoted.to_bytes()).to_string(),
+            )
+        }
+    };
+    Err(LockError::NotPermitted {
+        action,
+        role: name,
+        grantee,
+        needs: role_name,
+    })
+}
+
+/// `as_owner`, for a caller with the privileges of `lockext_user`.
+pub fn as_member<R>(body: impl FnOnce() -> Result<R, LockError>) -> Result<R, LockError> {
+    require(Needs::User)?;
+    as_owner(body)
 }

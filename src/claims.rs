@@ -29,6 +29,7 @@ use pgrx::{pg_sys, register_subxact_callback, PgSubXactCallbackEvent};
 use crate::backend;
 use crate::caller;
 use crate::error::LockError;
+use crate::text::Text;
 
 /// Lockext's claims among advisory locks in `pg_locks` (objsubid 19531 "LK", 19535 "LO",
 /// 19522 "LB", 19539 "LS", 19540 "LT", 19523 "LC"); the built-in advisory functions use 1 and 2, so they never
@@ -74,8 +75,8 @@ impl Gate {
 
 /// Passes the gate of `lock_id` in `mode`, or None when an acquire that conflicts with this
 /// one is in flight.
-pub fn try_gate(lock_id: &str, mode: Mode) -> Result<Option<Gate>, LockError> {
-    let tag = tag_of(GATE_TAG, fnv1a(lock_id.as_bytes()));
+pub fn try_gate(lock_id: Text<'_>, mode: Mode) -> Result<Option<Gate>, LockError> {
+    let tag = tag_of(GATE_TAG, fnv1a(lock_id.bytes()));
     if mode == Mode::Shared && try_lock(&tag_of(BULK_TAG, 0), Mode::Shared).is_none() {
         return Ok(None); // a bulk load of exclusive leases is in flight
     }
@@ -136,8 +137,8 @@ impl CounterLock {
 
 /// Claims the creation of `owner`'s shared-lease row for `lock_id`; false when another
 /// transaction is creating or changing it right now.
-pub fn try_claim_row(lock_id: &str, owner: &str) -> bool {
-    let key = fnv1a(owner.as_bytes()) ^ fnv1a(lock_id.as_bytes()).rotate_left(29);
+pub fn try_claim_row(lock_id: Text<'_>, owner: Text<'_>) -> bool {
+    let key = fnv1a(owner.bytes()) ^ fnv1a(lock_id.bytes()).rotate_left(29);
     let tag = tag_of(ROW_TAG, key);
     match try_lock(&tag, Mode::Exclusive) {
         None => false,
@@ -154,8 +155,8 @@ pub fn try_claim_row(lock_id: &str, owner: &str) -> bool {
 /// shared mode: shared leases with each other, or permits with each other, never both. So
 /// two first acquires of an id cannot make it a lock and a semaphore at once. False when
 /// an acquire of the other kind is in flight.
-pub fn try_kind(lock_id: &str, semaphore: bool) -> Result<bool, LockError> {
-    let tag = tag_of(KIND_TAG, fnv1a(lock_id.as_bytes()));
+pub fn try_kind(lock_id: Text<'_>, semaphore: bool) -> Result<bool, LockError> {
+    let tag = tag_of(KIND_TAG, fnv1a(lock_id.bytes()));
     // Each mode is compatible with itself and conflicts with the other.
     let mode = if semaphore {
         pg_sys::ShareLock
@@ -185,8 +186,8 @@ impl SlotClaim {
 }
 
 /// Claims slot `slot` of semaphore `lock_id`; None when another taker is filling it now.
-pub fn try_claim_slot(lock_id: &str, slot: i32) -> Result<Option<SlotClaim>, LockError> {
-    let key = fnv1a(lock_id.as_bytes()) ^ (slot as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+pub fn try_claim_slot(lock_id: Text<'_>, slot: i32) -> Result<Option<SlotClaim>, LockError> {
+    let key = fnv1a(lock_id.bytes()) ^ (slot as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
     let tag = tag_of(SLOT_TAG, key);
     match try_lock(&tag, Mode::Exclusive) {
         None => Ok(None),

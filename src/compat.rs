@@ -46,6 +46,7 @@ use crate::error::{self, LockError, OrReport};
 use crate::lease;
 use crate::statements::{first_value, Statement};
 use crate::stats::{self, Counter};
+use crate::text::{Jsonb, Text, TextBuf};
 use crate::wait;
 use crate::xact;
 
@@ -292,8 +293,8 @@ fn refuse_if_administering(
     function: &'static str,
     version: Older,
     role: pg_sys::Oid,
-    lock_id: &str,
-    owner: &str,
+    lock_id: Text<'_>,
+    owner: Text<'_>,
     fence_token: Option<i64>,
 ) -> Result<(), LockError> {
     if !is_admin(role) {
@@ -325,8 +326,8 @@ fn refuse_if_administering(
 /// 0.1.0 and 0.2.0: `lock_renew(lock_id, owner, ttl, fence_token DEFAULT NULL)`.
 #[pg_extern(sql = false)]
 fn lock_renew(
-    lock_id: Option<&str>,
-    owner: Option<&str>,
+    lock_id: Option<Text<'_>>,
+    owner: Option<Text<'_>>,
     ttl: Option<Interval>,
     fence_token: Option<i64>,
 ) -> Option<TimestampWithTimeZone> {
@@ -336,8 +337,8 @@ fn lock_renew(
 
 fn renew(
     version: Older,
-    lock_id: Option<&str>,
-    owner: Option<&str>,
+    lock_id: Option<Text<'_>>,
+    owner: Option<Text<'_>>,
     ttl: Option<Interval>,
     fence_token: Option<i64>,
 ) -> Result<Option<TimestampWithTimeZone>, LockError> {
@@ -384,7 +385,11 @@ fn renew(
 
 /// 0.1.0 and 0.2.0: `lock_release(lock_id, owner, fence_token DEFAULT NULL)`.
 #[pg_extern(sql = false)]
-fn lock_release(lock_id: Option<&str>, owner: Option<&str>, fence_token: Option<i64>) -> bool {
+fn lock_release(
+    lock_id: Option<Text<'_>>,
+    owner: Option<Text<'_>>,
+    fence_token: Option<i64>,
+) -> bool {
     let version = older("lock_release");
     (|| {
         let lock_id = error::identifier("lock_id", lock_id)?;
@@ -399,7 +404,7 @@ fn lock_release(lock_id: Option<&str>, owner: Option<&str>, fence_token: Option<
 
 /// 0.2.0: `lock_release_all(lock_ids, owner)`: how many of the leases the caller held.
 #[pg_extern(sql = false)]
-fn lock_release_all(lock_ids: Option<Vec<Option<String>>>, owner: Option<&str>) -> i32 {
+fn lock_release_all(lock_ids: Option<Vec<Option<TextBuf>>>, owner: Option<Text<'_>>) -> i32 {
     let version = older("lock_release_all");
     (|| {
         let lock_ids = lock_ids.ok_or(LockError::NullArgument { arg: "lock_ids" })?;
@@ -408,7 +413,10 @@ fn lock_release_all(lock_ids: Option<Vec<Option<String>>>, owner: Option<&str>) 
         }
         let mut ids = Vec::with_capacity(lock_ids.len());
         for id in &lock_ids {
-            ids.push(error::identifier("lock_ids element", id.as_deref())?);
+            ids.push(error::identifier(
+                "lock_ids element",
+                id.as_ref().map(TextBuf::as_text),
+            )?);
         }
         ids.sort_unstable();
         ids.dedup();
@@ -430,8 +438,8 @@ fn release(
     version: Older,
     function: &'static str,
     role: pg_sys::Oid,
-    lock_id: &str,
-    owner: &str,
+    lock_id: Text<'_>,
+    owner: Text<'_>,
     fence_token: Option<i64>,
 ) -> Result<bool, LockError> {
     let args = [
@@ -455,8 +463,8 @@ fn release(
                 }
                 let row = rows.first();
                 Ok(Some((
-                    row.get::<bool>(1)?.unwrap_or(false),
-                    row.get::<i64>(2)?.unwrap_or(0),
+                    row.get_by_name::<bool, _>("live")?.unwrap_or(false),
+                    row.get_by_name::<i64, _>("fence_token")?.unwrap_or(0),
                 )))
             })?;
             if deleted.is_some() {
@@ -505,7 +513,7 @@ static LIVE_0_2: Statement = Statement {
 /// the server's clock and the newest snapshot (not a REPEATABLE READ transaction's, which
 /// would still show a grant released since it began).
 #[pg_extern(sql = false)]
-fn lock_check(lock_id: Option<&str>, fence_token: Option<i64>) -> bool {
+fn lock_check(lock_id: Option<Text<'_>>, fence_token: Option<i64>) -> bool {
     let version = older("lock_check");
     let lock_id = error::identifier("lock_id", lock_id).or_report();
     let fence_token = error::token("fence_token", fence_token).or_report();
@@ -553,9 +561,9 @@ static MARK: Statement = Statement {
 /// 0.1.0 and 0.2.0: `fenced_update(resource_id, fence_token, data)`.
 #[pg_extern(sql = false)]
 fn fenced_update(
-    resource_id: Option<&str>,
+    resource_id: Option<Text<'_>>,
     fence_token: Option<i64>,
-    data: Option<pgrx::JsonB>,
+    data: Option<Jsonb>,
 ) -> bool {
     older("fenced_update");
     (|| {
@@ -570,7 +578,7 @@ fn fenced_update(
 /// 0.1.0 and 0.2.0: `fence_advance(resource_id, fence_token)`: NULL when accepted, else
 /// the newer token that makes it stale (`lockext.fence`, in SQL, raises 55L01 with it).
 #[pg_extern(sql = false)]
-fn fence_advance(resource_id: Option<&str>, fence_token: Option<i64>) -> Option<i64> {
+fn fence_advance(resource_id: Option<Text<'_>>, fence_token: Option<i64>) -> Option<i64> {
     older("fence_advance");
     (|| {
         let resource_id = error::identifier("resource_id", resource_id)?;
@@ -596,9 +604,9 @@ fn check_token(fence_token: Option<i64>) {
 }
 
 fn advance(
-    resource_id: &str,
+    resource_id: Text<'_>,
     fence_token: i64,
-    data: Option<pgrx::JsonB>,
+    data: Option<Jsonb>,
 ) -> Result<bool, LockError> {
     backend::writable_server()?;
     require_issued(fence_token)?;

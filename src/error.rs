@@ -8,6 +8,8 @@ use pgrx::prelude::*;
 use pgrx::spi::SpiError;
 use pgrx::PgSqlErrorCode;
 
+use crate::text::Text;
+
 /// Longest lock id, owner or resource id accepted, in bytes. Ids are b-tree keys; a bound
 /// keeps index entries small and tells a caller who passes a payload instead of a name.
 pub const MAX_ID_BYTES: usize = 256;
@@ -92,6 +94,19 @@ pub enum LockError {
     #[error("too many leases taken in one transaction")]
     TooManyClaims,
 
+    /// The calling role lacks the privileges of the role a function needs (`caller::require`).
+    /// PostgreSQL's own check would come first and name the function, an internal one when
+    /// a wrapper or a trigger calls it, without saying which role to grant: so EXECUTE is
+    /// granted to PUBLIC and this is the check.
+    #[error("permission denied to {action}")]
+    NotPermitted {
+        action: &'static str,
+        role: String,
+        /// The role's name as GRANT takes it (quoted when it must be).
+        grantee: String,
+        needs: &'static str,
+    },
+
     #[error("lockext internal error: a grant has no {name}")]
     MissingColumn { name: &'static str },
 
@@ -116,6 +131,7 @@ impl LockError {
             | LockError::PermitsMismatch { .. }
             | LockError::EmptyLockSet { .. } => ERRCODE_INVALID_PARAMETER_VALUE, // 22023
             LockError::WrongKind { .. } => ERRCODE_WRONG_OBJECT_TYPE,         // 42809
+            LockError::NotPermitted { .. } => ERRCODE_INSUFFICIENT_PRIVILEGE, // 42501
             LockError::SessionLeasesOff => ERRCODE_FEATURE_NOT_SUPPORTED,     // 0A000
             LockError::TooManyClaims => ERRCODE_OUT_OF_MEMORY,                // 53200
             LockError::IdentifierTooLong { .. } => ERRCODE_STRING_DATA_RIGHT_TRUNCATION, // 22001
@@ -128,8 +144,33 @@ impl LockError {
         }
     }
 
-    fn hint(&self) -> Option<&'static str> {
+    fn detail(&self) -> Option<String> {
         match self {
+            LockError::NotPermitted { role, needs, .. } => Some(format!(
+                "Role \"{role}\" does not have the privileges of role {needs}."
+            )),
+            _ => None,
+        }
+    }
+
+    fn hint(&self) -> Option<String> {
+        if let LockError::NotPermitted { grantee, needs, .. } = self {
+            return Some(format!(
+                "An administrator grants them with: GRANT {needs} TO {grantee};"
+            ));
+        }
+        self.fixed_hint().map(str::to_string)
+    }
+
+    fn fixed_hint(&self) -> Option<&'static str> {
+        match self {
+            LockError::EmptyIdentifier { .. } => {
+                Some("An empty string names no lock, owner or resource: pass its name.")
+            }
+            LockError::EmptyLockSet { .. } => Some("Pass at least one lock id."),
+            LockError::TokenNotPositive { .. } => Some(
+                "Fence tokens are positive: pass the fence_token that lockext.lock_acquire returned.",
+            ),
             LockError::IdentifierTooLong { .. } => {
                 Some("Use a short name; keep payloads in fenced_update's data.")
             }
@@ -178,6 +219,9 @@ impl LockError {
     /// aborts the caller's transaction, as any SQL error does.
     pub fn report(self) -> ! {
         let mut report = ErrorReport::new(self.sqlstate(), self.to_string(), "lockext");
+        if let Some(detail) = self.detail() {
+            report = report.set_detail(detail);
+        }
         if let Some(hint) = self.hint() {
             report = report.set_hint(hint);
         }
@@ -198,7 +242,7 @@ impl<T> OrReport<T> for Result<T, LockError> {
 }
 
 /// A lock id, owner or resource id: present, not empty, not over-long.
-pub fn identifier<'a>(arg: &'static str, value: Option<&'a str>) -> Result<&'a str, LockError> {
+pub fn identifier<'a>(arg: &'static str, value: Option<Text<'a>>) -> Result<Text<'a>, LockError> {
     let value = value.ok_or(LockError::NullArgument { arg })?;
     if value.is_empty() {
         return Err(LockError::EmptyIdentifier { arg });

@@ -19,10 +19,11 @@ use pgrx::pg_sys::{self, BuiltinOid::*};
 use pgrx::prelude::*;
 
 use crate::backend;
-use crate::caller;
+use crate::caller::{self, Needs};
 use crate::error::{self, LockError, OrReport};
 use crate::statements::{first_value, Statement};
 use crate::stats::{self, Counter};
+use crate::text::{Jsonb, Text, TextBuf};
 use crate::token;
 use crate::xact;
 
@@ -51,6 +52,21 @@ static ADVANCE: Statement = Statement {
                       ELSE lockext.exclusive_grant_live(r.lock_id, EXCLUDED.fence_token, $5) END \
           RETURNING true",
     params: &[TEXTOID, INT8OID, JSONBOID, BOOLOID, OIDOID],
+};
+
+// Binds (or, $2 NULL, unbinds) a resource. A resource bound to another lock than before
+// starts again from mark 0: a mark left by any other lock's token (any member may have
+// raised it before the binding) would refuse the lock's holder.
+static BIND: Statement = Statement {
+    sql:
+        "INSERT INTO lockext.resources AS r (resource_id, fence_token, data, updated_at, lock_id) \
+          VALUES ($1, 0, NULL, clock_timestamp(), $2) \
+          ON CONFLICT ON CONSTRAINT resources_pkey DO UPDATE \
+             SET lock_id = EXCLUDED.lock_id, \
+                 fence_token = CASE WHEN EXCLUDED.lock_id IS NOT NULL \
+                                     AND r.lock_id IS DISTINCT FROM EXCLUDED.lock_id \
+                                    THEN 0 ELSE r.fence_token END",
+    params: &[TEXTOID, TEXTOID],
 };
 
 // What made a refused fence stale: the mark, or for a bound resource whose mark is not
@@ -101,11 +117,11 @@ static LEASE_IS_LIVE: Statement = Statement {
 #[pg_extern(volatile, parallel_unsafe, name = "fenced_update")]
 #[search_path(pg_catalog, pg_temp)]
 fn fenced_update_0_3(
-    resource_id: Option<&str>,
+    resource_id: Option<Text<'_>>,
     fence_token: Option<i64>,
-    data: Option<pgrx::JsonB>,
+    data: Option<Jsonb>,
 ) -> bool {
-    caller::as_owner(|| fenced_write(resource_id, fence_token, data)).or_report()
+    caller::as_member(|| fenced_write(resource_id, fence_token, data)).or_report()
 }
 
 /// Records `fence_token` as `resource_id`'s high-water mark, in the caller's transaction
@@ -114,8 +130,8 @@ fn fenced_update_0_3(
 // Its C symbol, fence_advance_0_3_wrapper, is one no older library has (compat.rs).
 #[pg_extern(volatile, parallel_unsafe, name = "fence_advance")]
 #[search_path(pg_catalog, pg_temp)]
-fn fence_advance_0_3(resource_id: Option<&str>, fence_token: Option<i64>) -> Option<i64> {
-    caller::as_owner(|| fence_only(resource_id, fence_token)).or_report()
+fn fence_advance_0_3(resource_id: Option<Text<'_>>, fence_token: Option<i64>) -> Option<i64> {
+    caller::as_member(|| fence_only(resource_id, fence_token)).or_report()
 }
 
 /// A reader's check (`lockext.fence_read`): NULL when the reader may read `resource_id`
@@ -123,8 +139,8 @@ fn fence_advance_0_3(resource_id: Option<&str>, fence_token: Option<i64>) -> Opt
 /// Keeps the resource's row share-locked to the end of the transaction.
 #[pg_extern(volatile, parallel_unsafe)]
 #[search_path(pg_catalog, pg_temp)]
-fn fence_read_check(resource_id: Option<&str>, fence_token: Option<i64>) -> Option<String> {
-    caller::as_owner(|| read_check(resource_id, fence_token)).or_report()
+fn fence_read_check(resource_id: Option<Text<'_>>, fence_token: Option<i64>) -> Option<TextBuf> {
+    caller::as_member(|| read_check(resource_id, fence_token)).or_report()
 }
 
 thread_local! {
@@ -141,17 +157,40 @@ thread_local! {
 #[pg_extern(volatile, parallel_unsafe)]
 #[search_path(pg_catalog, pg_temp)]
 fn declare_token(fence_token: Option<i64>) {
-    declare(fence_token).or_report();
+    caller::require(Needs::User)
+        .and_then(|()| declare(fence_token))
+        .or_report();
 }
 
 /// The token this transaction declared for the current role (`declare_token`), if any.
 #[pg_extern(volatile, parallel_unsafe)]
 #[search_path(pg_catalog, pg_temp)]
 fn declared_token() -> Option<i64> {
+    caller::require(Needs::User).or_report();
     let (xact, role) = this_writer();
     DECLARED
         .get()
         .and_then(|(x, r, token)| (x == xact && r == role).then_some(token))
+}
+
+/// fence_guard's check of one row (sql/fence.sql): declares the writer's `fence_token` (as
+/// `declare_token`, refusing a token never issued) and answers whether it may write a row
+/// that carries `row_token` (NULL: a new row, or one without a token): false when the row's
+/// is newer. A refusal is counted with fenced_update's (`fence_rejected_stale`), in shared
+/// memory, so the count outlives the transaction that the trigger's error rolls back.
+#[pg_extern(volatile, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
+fn fence_row(fence_token: Option<i64>, row_token: Option<i64>) -> bool {
+    caller::require(Needs::User)
+        .and_then(|()| declare(fence_token))
+        .map(|()| match (fence_token, row_token) {
+            (Some(writer), Some(row)) if writer < row => {
+                stats::count(Counter::FenceStale);
+                false
+            }
+            _ => true,
+        })
+        .or_report()
 }
 
 /// The current transaction, as this backend numbers them, and the current role.
@@ -168,12 +207,13 @@ fn declare(fence_token: Option<i64>) -> Result<(), LockError> {
     Ok(())
 }
 
-/// Raises an error unless `fence_token` is a token lockext could have issued.
+/// Raises an error unless `fence_token` is a token lockext could have issued. (Not
+/// SECURITY DEFINER: inside, the caller would be lost to the privilege check.)
 // Its C symbol, check_token_0_3_wrapper, is one no older library has (compat.rs).
-#[pg_extern(volatile, parallel_unsafe, security_definer, name = "check_token")]
+#[pg_extern(volatile, parallel_unsafe, name = "check_token")]
 #[search_path(pg_catalog, pg_temp)]
 fn check_token_0_3(fence_token: Option<i64>) {
-    checked_token(fence_token).or_report();
+    caller::as_member(|| checked_token(fence_token)).or_report();
 }
 
 /// True while the grant with `fence_token` of `lock_id` is its live exclusive lease, by the
@@ -181,7 +221,7 @@ fn check_token_0_3(fence_token: Option<i64>) {
 /// once they hold the resource's row. Not granted to anyone: lockext's own.
 #[pg_extern(volatile, parallel_unsafe)]
 #[search_path(pg_catalog, pg_temp)]
-fn exclusive_grant_live(lock_id: &str, fence_token: i64, holder_role: pg_sys::Oid) -> bool {
+fn exclusive_grant_live(lock_id: Text<'_>, fence_token: i64, holder_role: pg_sys::Oid) -> bool {
     read_now(
         &EXCLUSIVE_GRANT_LIVE,
         lock_id,
@@ -197,14 +237,31 @@ fn exclusive_grant_live(lock_id: &str, fence_token: i64, holder_role: pg_sys::Oi
 // Its C symbol, lock_check_0_3_wrapper, is one no older library has (compat.rs).
 #[pg_extern(volatile, parallel_unsafe, name = "lock_check")]
 #[search_path(pg_catalog, pg_temp)]
-fn lock_check_0_3(lock_id: Option<&str>, fence_token: Option<i64>) -> bool {
-    lease_is_live(lock_id, fence_token).or_report()
+fn lock_check_0_3(lock_id: Option<Text<'_>>, fence_token: Option<i64>) -> bool {
+    caller::require(Needs::User)
+        .and_then(|()| lease_is_live(lock_id, fence_token))
+        .or_report()
+}
+
+/// Binds `resource_id` to the lock that guards it, `lock_id` (NULL: unbinds it): from then
+/// on the resource accepts only that lock's live exclusive grant, presented by the role
+/// that took it (`ADVANCE`). An operator's decision, so `lockext_admin`'s only; the caller
+/// is checked before the function becomes the tables' owner, which SECURITY DEFINER would
+/// not allow.
+#[pg_extern(volatile, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
+fn bind_resource(resource_id: Option<Text<'_>>, lock_id: Option<Text<'_>>) {
+    caller::require(Needs::Admin {
+        action: "bind a resource to a lock",
+    })
+    .and_then(|()| caller::as_owner(|| bind(resource_id, lock_id)))
+    .or_report()
 }
 
 pub fn fenced_write(
-    resource_id: Option<&str>,
+    resource_id: Option<Text<'_>>,
     fence_token: Option<i64>,
-    data: Option<pgrx::JsonB>,
+    data: Option<Jsonb>,
 ) -> Result<bool, LockError> {
     let resource_id = error::identifier("resource_id", resource_id)?;
     let fence_token = error::token("fence_token", fence_token)?;
@@ -213,7 +270,7 @@ pub fn fenced_write(
 }
 
 fn fence_only(
-    resource_id: Option<&str>,
+    resource_id: Option<Text<'_>>,
     fence_token: Option<i64>,
 ) -> Result<Option<i64>, LockError> {
     let resource_id = error::identifier("resource_id", resource_id)?;
@@ -228,6 +285,18 @@ fn fence_only(
     })
 }
 
+fn bind(resource_id: Option<Text<'_>>, lock_id: Option<Text<'_>>) -> Result<(), LockError> {
+    let resource_id = error::identifier("resource_id", resource_id)?;
+    let lock_id = lock_id
+        .map(|id| error::identifier("lock_id", Some(id)))
+        .transpose()?;
+    backend::writable_server()?;
+    Spi::connect_mut(|client| {
+        BIND.run(client, &[resource_id.into(), lock_id.into()])?;
+        Ok(())
+    })
+}
+
 fn checked_token(fence_token: Option<i64>) -> Result<(), LockError> {
     let fence_token = error::token("fence_token", fence_token)?;
     Spi::connect_mut(|client| token::require_issued(client, fence_token))
@@ -236,9 +305,9 @@ fn checked_token(fence_token: Option<i64>) -> Result<(), LockError> {
 /// The one path every fenced write takes: refuse forged tokens, then move the resource's
 /// high-water mark up (or keep it), storing `data` when given. False when stale.
 fn advance(
-    resource_id: &str,
+    resource_id: Text<'_>,
     fence_token: i64,
-    data: Option<pgrx::JsonB>,
+    data: Option<Jsonb>,
 ) -> Result<bool, LockError> {
     backend::writable_server()?;
     let accepted = Spi::connect_mut(|client| {
@@ -265,16 +334,16 @@ fn advance(
     Ok(accepted)
 }
 
-fn lease_is_live(lock_id: Option<&str>, fence_token: Option<i64>) -> Result<bool, LockError> {
+fn lease_is_live(lock_id: Option<Text<'_>>, fence_token: Option<i64>) -> Result<bool, LockError> {
     let lock_id = error::identifier("lock_id", lock_id)?;
     let fence_token = error::token("fence_token", fence_token)?;
     Ok(read_now(&LEASE_IS_LIVE, lock_id, fence_token, None))
 }
 
 fn read_check(
-    resource_id: Option<&str>,
+    resource_id: Option<Text<'_>>,
     fence_token: Option<i64>,
-) -> Result<Option<String>, LockError> {
+) -> Result<Option<TextBuf>, LockError> {
     let resource_id = error::identifier("resource_id", resource_id)?;
     let fence_token = error::token("fence_token", fence_token)?;
     // The share lock is kept only for a reader who may read: a refused one (who may not
@@ -292,7 +361,7 @@ fn read_check(
 
 /// Why a reader may not read `resource_id` with `fence_token`, if it may not; takes the
 /// resource's row share-locked.
-fn refusal(resource_id: &str, fence_token: i64) -> Result<Option<String>, LockError> {
+fn refusal(resource_id: Text<'_>, fence_token: i64) -> Result<Option<TextBuf>, LockError> {
     let (mark, guard) = Spi::connect_mut(|client| {
         token::require_issued(client, fence_token)?;
         let rows = READ_MARK.run(client, &[resource_id.into()])?;
@@ -302,19 +371,34 @@ fn refusal(resource_id: &str, fence_token: i64) -> Result<Option<String>, LockEr
         let row = rows.first();
         Ok((
             row.get_by_name::<i64, _>("fence_token")?,
-            row.get_by_name::<String, _>("lock_id")?,
+            row.get_by_name::<TextBuf, _>("lock_id")?,
         ))
     })?;
     if let Some(guard) = guard {
-        if !read_now(&OWN_LEASE_LIVE, &guard, fence_token, Some(caller::role())) {
-            return Ok(Some(format!(
-                "The resource is bound to lock \"{guard}\", and fence token {fence_token} is not a live lease of it held by this role."
+        if !read_now(
+            &OWN_LEASE_LIVE,
+            guard.as_text(),
+            fence_token,
+            Some(caller::role()),
+        ) {
+            // Text in the database's encoding, the lock id's bytes as they are: the SQL
+            // wrapper raises it as the error's detail.
+            return Ok(Some(TextBuf::from_bytes(
+                [
+                    &b"The resource is bound to lock \""[..],
+                    guard.as_text().bytes(),
+                    format!(
+                        "\", and fence token {fence_token} is not a live lease of it held by this role."
+                    )
+                    .as_bytes(),
+                ]
+                .concat(),
             )));
         }
     }
     Ok(match mark {
-        Some(mark) if mark > fence_token => Some(format!(
-            "A writer with fence token {mark} has written since."
+        Some(mark) if mark > fence_token => Some(TextBuf::from_bytes(
+            format!("A writer with fence token {mark} has written since.").into_bytes(),
         )),
         _ => None,
     })
@@ -324,7 +408,7 @@ fn refusal(resource_id: &str, fence_token: i64) -> Result<Option<String>, LockEr
 /// its column `live`.
 fn read_now(
     question: &'static Statement,
-    lock_id: &str,
+    lock_id: Text<'_>,
     fence_token: i64,
     role: Option<pg_sys::Oid>,
 ) -> bool {

@@ -19,6 +19,7 @@ use crate::session;
 use crate::settings;
 use crate::sql::{clear_dead_sql, grant_returning, grant_sets};
 use crate::statements::{first_value, Statement};
+use crate::text::{Text, TextBuf};
 use crate::token;
 use crate::xact;
 
@@ -28,8 +29,8 @@ pub type Grant = pgrx::composite_type!('static, "lock_grant");
 /// statements number them (`ACQUIRE_PARAMS`).
 pub struct Params<'a> {
     /// $1, $2: the lock id and the caller's owner name.
-    pub lock_id: &'a str,
-    pub owner: &'a str,
+    pub lock_id: Text<'a>,
+    pub owner: Text<'a>,
     /// $3: the calling role (`caller::role`), the holder of what is granted.
     pub role: pg_sys::Oid,
     /// $4: the lease's time to live.
@@ -214,13 +215,13 @@ impl Kind {
     }
 
     /// From lock_acquire's `mode` and `permits`; NULL means the default, as for `wait`.
-    pub fn parse(mode: Option<&str>, permits: Option<i32>) -> Result<Kind, LockError> {
-        let shared = match mode.unwrap_or("exclusive") {
-            "exclusive" => false,
-            "shared" => true,
-            other => {
+    pub fn parse(mode: Option<Text<'_>>, permits: Option<i32>) -> Result<Kind, LockError> {
+        let shared = match mode.map_or(&b"exclusive"[..], Text::bytes) {
+            b"exclusive" => false,
+            b"shared" => true,
+            _ => {
                 return Err(LockError::UnknownMode {
-                    mode: other.to_string(),
+                    mode: mode.map(|m| m.to_string()).unwrap_or_default(),
                 })
             }
         };
@@ -240,8 +241,8 @@ impl Kind {
 /// (`sets.rs`) shares it.
 #[derive(Clone, Copy)]
 pub struct Request<'a> {
-    pub lock_id: &'a str,
-    pub owner: &'a str,
+    pub lock_id: Text<'a>,
+    pub owner: Text<'a>,
     pub ttl: Interval,
     pub wait: Duration,
     pub lock_delay: Duration,
@@ -252,12 +253,12 @@ pub struct Request<'a> {
 impl<'a> Request<'a> {
     #[allow(clippy::too_many_arguments)]
     pub fn validate(
-        lock_id: &'a str,
-        owner: Option<&'a str>,
+        lock_id: Text<'a>,
+        owner: Option<Text<'a>>,
         ttl: Option<Interval>,
         wait: Option<Interval>,
         lock_delay: Option<Interval>,
-        mode: Option<&str>,
+        mode: Option<Text<'_>>,
         permits: Option<i32>,
         session_bound: Option<bool>,
     ) -> Result<Request<'a>, LockError> {
@@ -385,8 +386,8 @@ pub fn millis(ms: i64) -> Duration {
 /// A grant, in plain values: a composite value made inside a subtransaction would hold a
 /// tuple descriptor owned by it, gone once it ends (`to_grant` makes lockext.lock_grant).
 pub struct Granted {
-    pub lock_id: String,
-    pub owner: String,
+    pub lock_id: TextBuf,
+    pub owner: TextBuf,
     pub token: i64,
     pub acquired_at: TimestampWithTimeZone,
     pub expires_at: TimestampWithTimeZone,
@@ -446,8 +447,8 @@ fn grant_row(rows: pgrx::spi::SpiTupleTable<'_>) -> Result<Option<Granted>, Lock
         Some(expires_at),
         Some(minted),
     ) = (
-        row.get_by_name::<String, _>("lock_id")?,
-        row.get_by_name::<String, _>("owner")?,
+        row.get_by_name::<TextBuf, _>("lock_id")?,
+        row.get_by_name::<TextBuf, _>("owner")?,
         row.get_by_name::<i64, _>("fence_token")?,
         row.get_by_name::<TimestampWithTimeZone, _>("acquired_at")?,
         row.get_by_name::<TimestampWithTimeZone, _>("expires_at")?,

@@ -32,14 +32,15 @@ use crate::settings;
 use crate::shared;
 use crate::statements::{first_value, Statement};
 use crate::stats::{self, Counter};
+use crate::text::Text;
 use crate::wait;
 use crate::xact;
 
 /// The parameters of renew, release and `HELD_BY_CALLER`, by name; `datums` lays them out
 /// as $1..$5 (`HELD_PARAMS`), and a renewal adds the new time to live as $6.
 struct Held<'a> {
-    lock_id: &'a str,
-    owner: &'a str,
+    lock_id: Text<'a>,
+    owner: Text<'a>,
     /// The calling role: the lease's holder, or a `lockext_admin` member.
     role: pg_sys::Oid,
     /// The call's clock: a lease is live or not for the whole call.
@@ -155,16 +156,16 @@ static NOTIFY: Statement = Statement {
 #[pg_extern(volatile, parallel_unsafe, name = "lock_acquire")]
 #[search_path(pg_catalog, pg_temp)]
 fn lock_acquire_0_3(
-    lock_id: Option<&str>,
-    owner: Option<&str>,
+    lock_id: Option<Text<'_>>,
+    owner: Option<Text<'_>>,
     ttl: Option<Interval>,
     wait: default!(Option<Interval>, "'0 seconds'"),
     lock_delay: default!(Option<Interval>, "NULL"),
-    mode: default!(Option<&str>, "'exclusive'"),
+    mode: default!(Option<Text<'_>>, "'exclusive'"),
     permits: default!(Option<i32>, "NULL"),
     session_bound: default!(Option<bool>, "false"),
 ) -> Option<pgrx::composite_type!('static, "lock_grant")> {
-    caller::as_owner(|| {
+    caller::as_member(|| {
         let lock_id = error::identifier("lock_id", lock_id)?;
         let request = Request::validate(
             lock_id,
@@ -186,12 +187,12 @@ fn lock_acquire_0_3(
 #[pg_extern(volatile, parallel_unsafe, name = "lock_renew")]
 #[search_path(pg_catalog, pg_temp)]
 fn lock_renew_0_3(
-    lock_id: Option<&str>,
-    owner: Option<&str>,
+    lock_id: Option<Text<'_>>,
+    owner: Option<Text<'_>>,
     ttl: Option<Interval>,
     fence_token: default!(Option<i64>, "NULL"),
 ) -> Option<TimestampWithTimeZone> {
-    caller::as_owner(|| renew(lock_id, owner, ttl, fence_token)).or_report()
+    caller::as_member(|| renew(lock_id, owner, ttl, fence_token)).or_report()
 }
 
 /// Ends the caller's lease; true when the caller still held it.
@@ -199,11 +200,11 @@ fn lock_renew_0_3(
 #[pg_extern(volatile, parallel_unsafe, name = "lock_release")]
 #[search_path(pg_catalog, pg_temp)]
 fn lock_release_0_3(
-    lock_id: Option<&str>,
-    owner: Option<&str>,
+    lock_id: Option<Text<'_>>,
+    owner: Option<Text<'_>>,
     fence_token: default!(Option<i64>, "NULL"),
 ) -> bool {
-    caller::as_owner(|| release(lock_id, owner, fence_token)).or_report()
+    caller::as_member(|| release(lock_id, owner, fence_token)).or_report()
 }
 
 pub fn acquire(request: &Request<'_>) -> Result<Option<Granted>, LockError> {
@@ -350,8 +351,8 @@ fn jumps_the_queue(request: &Request<'_>, ticket: u64) -> bool {
 }
 
 pub fn renew(
-    lock_id: Option<&str>,
-    owner: Option<&str>,
+    lock_id: Option<Text<'_>>,
+    owner: Option<Text<'_>>,
     ttl: Option<Interval>,
     fence_token: Option<i64>,
 ) -> Result<Option<TimestampWithTimeZone>, LockError> {
@@ -393,8 +394,8 @@ pub fn renew(
 }
 
 pub fn release(
-    lock_id: Option<&str>,
-    owner: Option<&str>,
+    lock_id: Option<Text<'_>>,
+    owner: Option<Text<'_>>,
     fence_token: Option<i64>,
 ) -> Result<bool, LockError> {
     let lock_id = error::identifier("lock_id", lock_id)?;
@@ -406,8 +407,8 @@ pub fn release(
 
 /// Releases a lease whose arguments are already checked.
 pub fn release_valid(
-    lock_id: &str,
-    owner: &str,
+    lock_id: Text<'_>,
+    owner: Text<'_>,
     fence_token: Option<i64>,
 ) -> Result<bool, LockError> {
     let held = Held {
@@ -502,7 +503,7 @@ fn while_briefly_locked<T>(
 /// if `lockext.notify` is on.
 pub fn notify(
     event: &str,
-    lock_id: &str,
+    lock_id: Text<'_>,
     token: i64,
     previous: Option<i64>,
 ) -> Result<(), LockError> {

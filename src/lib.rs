@@ -25,6 +25,7 @@ mod sql;
 mod statements;
 mod stats;
 mod status;
+mod text;
 mod token;
 mod wait;
 mod xact;
@@ -43,7 +44,8 @@ extension_sql_file!(
         fence::lock_check_0_3,
         fence::fence_read_check,
         fence::declare_token,
-        fence::declared_token
+        fence::declared_token,
+        fence::fence_row
     ]
 );
 // The reaper's index, over a Rust function.
@@ -57,6 +59,12 @@ extension_sql_file!(
     "../sql/views.sql",
     name = "views",
     requires = [stats::stats, wait::waiters]
+);
+// A warning when the server did not preload lockext: what is missing, and how to fix it.
+extension_sql_file!(
+    "../sql/preload.sql",
+    name = "preload",
+    requires = [stats::stats]
 );
 // Roles and EXECUTE grants, once the functions exist.
 extension_sql_file!("../sql/privileges.sql", name = "privileges", finalize);

@@ -33,6 +33,7 @@ use crate::settings;
 use crate::sql::{end_sessions_in, with_events};
 use crate::statements::Statement;
 use crate::status::Reporter;
+use crate::text::TextBuf;
 use crate::xact::in_transaction;
 
 /// How often the launcher looks at its reapers and the database list.
@@ -421,8 +422,8 @@ pub fn reap_batch(limit: i32) -> Result<(u64, bool), LockError> {
         let ended = |rows: pgrx::spi::SpiTupleTable<'_>| -> Result<u64, LockError> {
             let n = rows.len() as u64;
             for row in rows {
-                if let Some(lock_id) = row.get::<String>(1)? {
-                    crate::wait::wake_head_at_commit(&lock_id);
+                if let Some(lock_id) = row.get::<TextBuf>(1)? {
+                    crate::wait::wake_head_at_commit(lock_id.as_text());
                 }
             }
             Ok(n)
@@ -435,14 +436,14 @@ pub fn reap_batch(limit: i32) -> Result<(u64, bool), LockError> {
         // Session-bound leases whose session is gone: lock them, read the backend table
         // afresh, then end those still without a session.
         let locked = LOCK_ENDED_SESSIONS.run(client, &[DatumWithOid::from(limit)])?;
-        let keys: Vec<Vec<String>> = if locked.is_empty() {
+        let keys: Vec<Vec<TextBuf>> = if locked.is_empty() {
             vec![Vec::new(); 4]
         } else {
             let row = locked.first();
             (1..=4)
                 .map(|i| {
                     Ok(row
-                        .get::<Vec<Option<String>>>(i)?
+                        .get::<Vec<Option<TextBuf>>>(i)?
                         .unwrap_or_default()
                         .into_iter()
                         .flatten()
@@ -453,7 +454,7 @@ pub fn reap_batch(limit: i32) -> Result<(u64, bool), LockError> {
         if keys.iter().any(|k| !k.is_empty()) {
             more |= keys[0].len() >= limit as usize || keys[2].len() >= limit as usize;
             unsafe { pg_sys::pgstat_clear_backend_activity_snapshot() };
-            let [a, b, c, d] = <[Vec<String>; 4]>::try_from(keys)
+            let [a, b, c, d] = <[Vec<TextBuf>; 4]>::try_from(keys)
                 .map_err(|_| LockError::MissingColumn { name: "keys" })?;
             total += ended(END_LOCKED_SESSIONS.run(
                 client,

@@ -23,6 +23,7 @@ use crate::error::LockError;
 use crate::settings;
 use crate::sql::{end_sessions_sql, with_events};
 use crate::statements::Statement;
+use crate::text::TextBuf;
 use crate::xact::in_transaction;
 
 // The exiting backend's own leases ($1 its pid, $2 its start); $3: send events.
@@ -84,8 +85,8 @@ unsafe extern "C-unwind" fn end_at_exit(_code: c_int, _arg: pg_sys::Datum) {
             ];
             let rows = END_MINE.run(client, &args)?;
             for row in rows {
-                if let Some(lock_id) = row.get::<String>(1)? {
-                    crate::wait::wake_head_at_commit(&lock_id);
+                if let Some(lock_id) = row.get::<TextBuf>(1)? {
+                    crate::wait::wake_head_at_commit(lock_id.as_text());
                 }
             }
             Ok(())

@@ -15,6 +15,7 @@ use crate::caller;
 use crate::error::{self, LockError, OrReport};
 use crate::grant::Request;
 use crate::lease;
+use crate::text::{Text, TextBuf};
 use crate::xact;
 
 /// Takes every lock in `lock_ids` for `owner`, or none: one grant per distinct lock id, in
@@ -23,32 +24,32 @@ use crate::xact;
 #[pg_extern(volatile, parallel_unsafe, name = "lock_acquire_all")]
 #[search_path(pg_catalog, pg_temp)]
 fn lock_acquire_all_0_3(
-    lock_ids: Option<Vec<Option<String>>>,
-    owner: Option<&str>,
+    lock_ids: Option<Vec<Option<TextBuf>>>,
+    owner: Option<Text<'_>>,
     ttl: Option<Interval>,
     wait: default!(Option<Interval>, "'0 seconds'"),
-    mode: default!(Option<&str>, "'exclusive'"),
+    mode: default!(Option<Text<'_>>, "'exclusive'"),
     session_bound: default!(Option<bool>, "false"),
 ) -> TableIterator<
     'static,
     (
-        name!(lock_id, String),
-        name!(owner, String),
+        name!(lock_id, TextBuf),
+        name!(owner, TextBuf),
         name!(fence_token, i64),
         name!(acquired_at, TimestampWithTimeZone),
         name!(expires_at, TimestampWithTimeZone),
     ),
 > {
     TableIterator::new(
-        caller::as_owner(|| acquire_all(lock_ids, owner, ttl, wait, mode, session_bound))
+        caller::as_member(|| acquire_all(lock_ids, owner, ttl, wait, mode, session_bound))
             .or_report(),
     )
 }
 
 /// A grant as lockext.lock_grant's columns.
 type GrantRow = (
-    String,
-    String,
+    TextBuf,
+    TextBuf,
     i64,
     TimestampWithTimeZone,
     TimestampWithTimeZone,
@@ -58,26 +59,35 @@ type GrantRow = (
 // Its C symbol, lock_release_all_0_3_wrapper, is one no older library has (compat.rs).
 #[pg_extern(volatile, parallel_unsafe, name = "lock_release_all")]
 #[search_path(pg_catalog, pg_temp)]
-fn lock_release_all_0_3(lock_ids: Option<Vec<Option<String>>>, owner: Option<&str>) -> i32 {
-    caller::as_owner(|| release_all(lock_ids, owner)).or_report()
+fn lock_release_all_0_3(lock_ids: Option<Vec<Option<TextBuf>>>, owner: Option<Text<'_>>) -> i32 {
+    caller::as_member(|| release_all(lock_ids, owner)).or_report()
 }
 
 fn acquire_all(
-    lock_ids: Option<Vec<Option<String>>>,
-    owner: Option<&str>,
+    lock_ids: Option<Vec<Option<TextBuf>>>,
+    owner: Option<Text<'_>>,
     ttl: Option<Interval>,
     wait: Option<Interval>,
-    mode: Option<&str>,
+    mode: Option<Text<'_>>,
     session_bound: Option<bool>,
 ) -> Result<Vec<GrantRow>, LockError> {
     let ids = sorted_ids(lock_ids)?;
-    let base = Request::validate("", owner, ttl, wait, None, mode, None, session_bound)?;
+    let base = Request::validate(
+        Text::new(b""),
+        owner,
+        ttl,
+        wait,
+        None,
+        mode,
+        None,
+        session_bound,
+    )?;
     let deadline = Instant::now() + base.wait;
     let grants = xact::all_or_nothing(|| {
         let mut grants = Vec::with_capacity(ids.len());
         for id in &ids {
             let request = Request {
-                lock_id: id,
+                lock_id: id.as_text(),
                 wait: deadline.saturating_duration_since(Instant::now()),
                 ..base
             };
@@ -92,15 +102,15 @@ fn acquire_all(
 }
 
 fn release_all(
-    lock_ids: Option<Vec<Option<String>>>,
-    owner: Option<&str>,
+    lock_ids: Option<Vec<Option<TextBuf>>>,
+    owner: Option<Text<'_>>,
 ) -> Result<i32, LockError> {
     let ids = sorted_ids(lock_ids)?;
     let owner = error::identifier("owner", owner)?;
     backend::writable_server()?;
     let mut released = 0;
     for id in &ids {
-        if lease::release_valid(id, owner, None)? {
+        if lease::release_valid(id.as_text(), owner, None)? {
             released += 1;
         }
     }
@@ -108,14 +118,16 @@ fn release_all(
 }
 
 /// The distinct ids of a set, each checked, in byte order.
-fn sorted_ids(lock_ids: Option<Vec<Option<String>>>) -> Result<Vec<String>, LockError> {
+fn sorted_ids(lock_ids: Option<Vec<Option<TextBuf>>>) -> Result<Vec<TextBuf>, LockError> {
     let lock_ids = lock_ids.ok_or(LockError::NullArgument { arg: "lock_ids" })?;
     if lock_ids.is_empty() {
         return Err(LockError::EmptyLockSet { arg: "lock_ids" });
     }
     let mut ids = Vec::with_capacity(lock_ids.len());
     for id in &lock_ids {
-        ids.push(error::identifier("lock_ids element", id.as_deref())?.to_string());
+        ids.push(
+            error::identifier("lock_ids element", id.as_ref().map(TextBuf::as_text))?.to_buf(),
+        );
     }
     ids.sort_unstable();
     ids.dedup();

@@ -27,6 +27,7 @@ use crate::grant::{
 };
 use crate::sql::{grant_returning, grant_sets};
 use crate::statements::Statement;
+use crate::text::Text;
 
 /// What a shared or permit acquire sees of its lock id (`grant::look_at`), by the call's
 /// clock: the exclusive lease, and the shared leases or permits not yet free.
@@ -236,7 +237,7 @@ pub fn attempt(
 /// place of this backend's own, so that takers arriving together try different slots.
 /// The claim is kept to the end of the transaction; the slot number is returned.
 fn claim_free_slot(
-    lock_id: &str,
+    lock_id: Text<'_>,
     permits: i32,
     params: &mut Params<'_>,
 ) -> Result<Option<i32>, LockError> {

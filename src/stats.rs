@@ -9,6 +9,8 @@ use pgrx::prelude::*;
 use pgrx::{pg_shmem_init, PGRXSharedMemory, PgAtomic};
 
 use crate::backend;
+use crate::caller::{self, Needs};
+use crate::error::OrReport;
 use crate::settings;
 
 /// Upper bounds (microseconds) of the acquire latency buckets; the last bucket is open.
@@ -134,6 +136,10 @@ fn stats() -> TableIterator<
 #[pg_extern(volatile, parallel_unsafe)]
 #[search_path(pg_catalog, pg_temp)]
 fn stats_reset() {
+    caller::require(Needs::Admin {
+        action: "reset lockext.stats",
+    })
+    .or_report();
     if !settings::preloaded() {
         return;
     }

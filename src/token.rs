@@ -533,10 +533,12 @@ pub fn require_issued(client: &mut SpiClient<'_>, token: i64) -> Result<(), Lock
 /// grant would) if this history has none yet: so the cluster's record learns of it before
 /// any grant. The upgrade from 0.2.0 calls it, so that a reinstall or a database dropped
 /// and created again right after the upgrade still knows 0.2.0's layout was used here.
-#[pg_extern(volatile, parallel_unsafe, security_definer)]
+// SECURITY INVOKER, becoming the tables' owner inside (`caller::as_member`), so that the
+// caller's privileges can be checked.
+#[pg_extern(volatile, parallel_unsafe)]
 #[search_path(pg_catalog, pg_temp)]
 fn token_era() -> TableIterator<'static, (name!(layout, i32), name!(era, i32))> {
-    (|| {
+    crate::caller::as_member(|| {
         crate::backend::writable_server()?;
         Spi::connect_mut(|client| {
             let in_force = in_force(true)?;
@@ -545,7 +547,7 @@ fn token_era() -> TableIterator<'static, (name!(layout, i32), name!(era, i32))> 
             }
             Ok::<_, LockError>((i32::from(in_force.layout.code()), in_force.era as i32))
         })
-    })()
+    })
     .map(TableIterator::once)
     .unwrap_or_else(|e| e.report())
 }

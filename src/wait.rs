@@ -22,6 +22,7 @@ use pgrx::{pg_shmem_init, PGRXSharedMemory, PgAtomic};
 use crate::backend;
 use crate::error::MAX_ID_BYTES;
 use crate::settings;
+use crate::text::{Text, TextBuf};
 
 /// Waiters that can queue at once, all databases together; more wait by polling.
 const SLOTS: usize = 1024;
@@ -33,7 +34,8 @@ pub struct Slot {
     key: u64,
     procno: i32,
     pid: i32,
-    since: i64, // TimestampTz
+    since: i64,    // TimestampTz
+    encoding: i32, // the database's, which the id's bytes are in
     id_len: u16,
     id: [u8; MAX_ID_BYTES],
 }
@@ -47,6 +49,7 @@ impl Default for Slot {
             procno: 0,
             pid: 0,
             since: 0,
+            encoding: 0,
             id_len: 0,
             id: [0; MAX_ID_BYTES],
         }
@@ -81,21 +84,21 @@ pub fn init_shared_memory() {
 }
 
 /// The queue key of a lock id in this database.
-fn key_of(lock_id: &str) -> (u32, u64) {
+fn key_of(lock_id: Text<'_>) -> (u32, u64) {
     (
         backend::database().to_u32(),
-        crate::claims::fnv1a(lock_id.as_bytes()),
+        crate::claims::fnv1a(lock_id.bytes()),
     )
 }
 
 /// Whether `ticket` (0: a caller not in the queue) may try for `lock_id` now: fewer than
 /// `window` queue ahead of it.
-pub fn may_try(lock_id: &str, ticket: u64, window: usize) -> bool {
+pub fn may_try(lock_id: Text<'_>, ticket: u64, window: usize) -> bool {
     queued_ahead(lock_id, ticket) < window
 }
 
 /// How many queue for `lock_id` ahead of `ticket` (0: ahead of anyone new).
-fn queued_ahead(lock_id: &str, ticket: u64) -> usize {
+fn queued_ahead(lock_id: Text<'_>, ticket: u64) -> usize {
     if !settings::preloaded() || WAITING.get().load(Ordering::Acquire) == 0 {
         return 0;
     }
@@ -117,7 +120,7 @@ fn queued_ahead(lock_id: &str, ticket: u64) -> usize {
 pub struct Ticket {
     number: u64,
     slot: Option<usize>,
-    lock_id: String,
+    lock_id: TextBuf,
     window: usize,
 }
 
@@ -125,11 +128,11 @@ impl Ticket {
     /// Queues for `lock_id`, to try for it while fewer than `window` wait ahead (1: only
     /// at the head); without shared memory, or with the queue full, the ticket holds no
     /// place and its holder polls.
-    pub fn take(lock_id: &str, window: usize) -> Ticket {
+    pub fn take(lock_id: Text<'_>, window: usize) -> Ticket {
         let mut ticket = Ticket {
             number: 0,
             slot: None,
-            lock_id: lock_id.to_string(),
+            lock_id: lock_id.to_buf(),
             window,
         };
         if !settings::preloaded() {
@@ -143,7 +146,7 @@ impl Ticket {
         let number = queue.next_ticket;
         queue.next_ticket += 1;
         let mut id = [0u8; MAX_ID_BYTES];
-        id[..lock_id.len()].copy_from_slice(lock_id.as_bytes());
+        id[..lock_id.len()].copy_from_slice(lock_id.bytes());
         queue.slots[i] = Slot {
             ticket: number,
             database,
@@ -151,6 +154,7 @@ impl Ticket {
             procno: backend::procno(),
             pid: backend::pid(),
             since: backend::clock(),
+            encoding: unsafe { pg_sys::GetDatabaseEncoding() },
             id_len: lock_id.len() as u16,
             id,
         };
@@ -163,7 +167,7 @@ impl Ticket {
 
     /// Whether this ticket may try for its lock now (always, for a placeless ticket).
     pub fn may_try(&self) -> bool {
-        self.slot.is_none() || may_try(&self.lock_id, self.number, self.window)
+        self.slot.is_none() || may_try(self.lock_id.as_text(), self.number, self.window)
     }
 
     pub fn number(&self) -> u64 {
@@ -186,7 +190,7 @@ impl Drop for Ticket {
             }
         }
         // If we were at the head, the next in line may now be free to go.
-        wake_head(&self.lock_id);
+        wake_head(self.lock_id.as_text());
     }
 }
 
@@ -208,7 +212,7 @@ unsafe extern "C-unwind" fn leave_at_exit(_code: std::ffi::c_int, _arg: pg_sys::
     // An exit can begin anywhere; the queue's lock must not be ours already.
     unsafe { pg_sys::LWLockReleaseAll() };
     let pid = backend::pid();
-    let left: Vec<String> = {
+    let left: Vec<TextBuf> = {
         let mut queue = QUEUE.exclusive();
         let mut left = Vec::new();
         for slot in queue
@@ -216,21 +220,23 @@ unsafe extern "C-unwind" fn leave_at_exit(_code: std::ffi::c_int, _arg: pg_sys::
             .iter_mut()
             .filter(|s| s.ticket != 0 && s.pid == pid)
         {
-            left.push(String::from_utf8_lossy(&slot.id[..slot.id_len as usize]).into_owned());
+            left.push(TextBuf::from_bytes(
+                slot.id[..slot.id_len as usize].to_vec(),
+            ));
             *slot = Slot::default();
             WAITING.get().fetch_sub(1, Ordering::AcqRel);
         }
         left
     };
     for lock_id in left {
-        wake_head(&lock_id);
+        wake_head(lock_id.as_text());
     }
 }
 
 /// Sets the latch of the oldest waiter for `lock_id` in this database, if any. Only the
 /// oldest: the others of a semaphore's window try when their naps end or they reach the
 /// head, since waking them all at each release costs more in futile tries than it gains.
-pub fn wake_head(lock_id: &str) {
+pub fn wake_head(lock_id: Text<'_>) {
     if !settings::preloaded() || WAITING.get().load(Ordering::Acquire) == 0 {
         return;
     }
@@ -254,13 +260,13 @@ pub fn wake_head(lock_id: &str) {
 
 /// Wakes the head waiter of `lock_id` once the current transaction commits (a release or
 /// a reap is not visible to the waiter before then).
-pub fn wake_head_at_commit(lock_id: &str) {
+pub fn wake_head_at_commit(lock_id: Text<'_>) {
     if !settings::preloaded() || WAITING.get().load(Ordering::Acquire) == 0 {
         return;
     }
-    let lock_id = lock_id.to_string();
+    let lock_id = lock_id.to_buf();
     pgrx::register_xact_callback(pgrx::PgXactCallbackEvent::Commit, move || {
-        wake_head(&lock_id)
+        wake_head(lock_id.as_text())
     });
 }
 
@@ -313,7 +319,7 @@ pub fn next_nap(queued: bool, previous: Duration) -> Duration {
 fn waiters() -> TableIterator<
     'static,
     (
-        name!(lock_id, String),
+        name!(lock_id, TextBuf),
         name!(database, pg_sys::Oid),
         name!(pid, i32),
         name!(waiting_since, Option<TimestampWithTimeZone>),
@@ -340,6 +346,7 @@ fn waiters() -> TableIterator<
         )
     };
     let here = backend::database().to_u32();
+    let encoding = unsafe { pg_sys::GetDatabaseEncoding() };
     let rows: Vec<_> = slots
         .iter()
         .filter(|s| all || s.database == here)
@@ -348,8 +355,14 @@ fn waiters() -> TableIterator<
                 .iter()
                 .filter(|o| o.database == s.database && o.key == s.key && o.ticket <= s.ticket)
                 .count();
+            let id = Text::new(&s.id[..s.id_len as usize]);
             (
-                String::from_utf8_lossy(&s.id[..s.id_len as usize]).into_owned(),
+                // Another database's id may be in another encoding, invalid in this one.
+                if s.encoding == encoding {
+                    id.to_buf()
+                } else {
+                    id.ascii_escaped()
+                },
                 pg_sys::Oid::from(s.database),
                 s.pid,
                 TimestampWithTimeZone::try_from(s.since).ok(),

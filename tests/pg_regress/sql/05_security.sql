@@ -10,8 +10,54 @@ CREATE ROLE regress_other_app IN ROLE lockext_user;
 CREATE ROLE regress_ops IN ROLE lockext_admin;
 \set VERBOSITY default
 
+-- A role without lockext_user is refused by every lockext function it calls, before its
+-- arguments are looked at, with the GRANT that lets it in; it changes nothing.
 SET ROLE regress_outsider;
 SELECT lockext.lock_acquire('vault', 'app-1', '1 minute');
+SELECT lockext.lock_acquire(NULL, NULL, NULL);
+SELECT lockext.fence('vault', 1);
+RESET ROLE;
+SELECT count(*) AS outsiders_leases FROM lockext.locks WHERE holder_role = 'regress_outsider'::regrole;
+-- Every function a grant to lockext_user or lockext_admin lets members call refuses the
+-- outsider itself (PUBLIC may execute them: sql/privileges.sql), with any arguments.
+CREATE FUNCTION pg_temp.refusal(f regprocedure) RETURNS text LANGUAGE plpgsql AS $$
+DECLARE
+    args  text;
+    state text;
+    hint  text;
+BEGIN
+    SELECT coalesce(string_agg(format('NULL::%s', format_type(a.t, NULL)), ', ' ORDER BY a.n), '')
+      INTO args
+      FROM pg_proc p, unnest(p.proargtypes::oid[]) WITH ORDINALITY AS a(t, n)
+     WHERE p.oid = f;
+    EXECUTE format('SELECT * FROM %s(%s)', f::oid::regproc, args);
+    RETURN 'not refused';
+EXCEPTION WHEN OTHERS THEN
+    GET STACKED DIAGNOSTICS state = RETURNED_SQLSTATE, hint = PG_EXCEPTION_HINT;
+    RETURN state || ': ' || hint;
+END $$;
+SET ROLE regress_outsider;
+SELECT p.proname, pg_temp.refusal(p.oid) AS refused_with
+  FROM pg_proc p
+ WHERE p.pronamespace = 'lockext'::regnamespace
+   AND pg_catalog.array_to_string(p.proacl, ' ') ~ 'lockext_(user|admin)='
+ ORDER BY 1;
+RESET ROLE;
+-- Writing a table guarded by fence_guard needs lockext_user too: the error names the table.
+CREATE TABLE regress_guarded (id int PRIMARY KEY, fence_token bigint);
+CREATE TRIGGER regress_guarded_fence BEFORE INSERT OR UPDATE OR DELETE ON regress_guarded
+    FOR EACH ROW EXECUTE FUNCTION lockext.fence_guard('fence_token');
+INSERT INTO regress_guarded VALUES (1, 1);
+GRANT SELECT, INSERT, UPDATE, DELETE ON regress_guarded TO regress_outsider;
+SET ROLE regress_outsider;
+INSERT INTO regress_guarded VALUES (2, 1);
+DELETE FROM regress_guarded;
+RESET ROLE;
+SELECT count(*) AS guarded_rows FROM regress_guarded;
+DROP TABLE regress_guarded;
+-- An operator's function refuses a member that is not lockext_admin's.
+SET ROLE regress_app;
+SELECT lockext.stats_reset();
 RESET ROLE;
 
 SET ROLE regress_app;

@@ -81,7 +81,19 @@ COMMIT;
 SELECT id, state, fence_token = :b AS holds_b FROM jobs WHERE id = 3;
 -- A row must carry a token, and a real one.
 UPDATE jobs SET fence_token = NULL WHERE id = 1;
+INSERT INTO jobs VALUES (2, 'untokened', NULL);
+INSERT INTO jobs VALUES (2, 'zero', 0);
 INSERT INTO jobs VALUES (2, 'forged', :b + 1000000);
+-- Each stale writer refused counts in lockext.stats (fence_rejected_stale), as those of
+-- fenced_update and lockext.fence do, although the trigger's error rolls its transaction
+-- back: the counters live in shared memory.
+SELECT value AS stale_before FROM lockext.stats WHERE name = 'fence_rejected_stale' \gset
+UPDATE jobs SET state = 'stale', fence_token = :a WHERE id = 1;
+BEGIN;
+SELECT lockext.declare_token(:a);
+DELETE FROM jobs WHERE id = 1;
+ROLLBACK;
+SELECT value - :stale_before AS rejections_counted FROM lockext.stats WHERE name = 'fence_rejected_stale';
 -- With a resource id, the row's token also fences that resource.
 CREATE TABLE ledger (id int PRIMARY KEY, amount int, fence_token bigint);
 CREATE TRIGGER ledger_fence BEFORE INSERT OR UPDATE OR DELETE ON ledger
@@ -123,6 +135,10 @@ CREATE TABLE after_t (id int, fence_token bigint);
 CREATE TRIGGER after_t_fence AFTER INSERT ON after_t
     FOR EACH ROW EXECUTE FUNCTION lockext.fence_guard('fence_token');
 INSERT INTO after_t VALUES (1, :b);
+CREATE TABLE noargs_t (id int, fence_token bigint);
+CREATE TRIGGER noargs_t_fence BEFORE INSERT ON noargs_t
+    FOR EACH ROW EXECUTE FUNCTION lockext.fence_guard();
+INSERT INTO noargs_t VALUES (1, :b);
 
 -- 3. lockext.lock_check(lock_id, fence_token): is that exact grant still live? With fence,
 --    a transaction can demand both the newest token and a live lease.
