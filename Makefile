@@ -1,7 +1,7 @@
 # lockext: the conventional entry points, as thin wrappers over scripts/.
 #   make run            set up this machine, build, install, start a scratch cluster, psql
 #   make test           set up this machine, then run every test (lint first)
-#   make lint           rustfmt --check and clippy -D warnings
+#   make lint           no import circles, rustfmt --check and clippy -D warnings
 #   make install        build the extension (release) into the system PostgreSQL 15
 #   make installcheck   SQL spec (pg_regress) and concurrency spec (isolation) on the scratch cluster
 #   make bench          benchmarks side by side, report in bench/results/
@@ -59,6 +59,7 @@ test: bootstrap
 
 # Formatting (rustfmt.toml) and clippy's warnings, as errors, for the extension's code.
 lint:
+	python3 scripts/check_imports.py
 	cargo fmt --all --check
 	cargo clippy --release --all-targets -p lockext -- -D warnings
 
