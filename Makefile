@@ -96,7 +96,7 @@ bench: install
 bench-smoke: install
 	bash bench/run.sh --smoke
 
-# PgBouncer, stored procedures and the client examples (tests/deploy/run.sh lists them; HA.md explains the failover set-up).
+# PgBouncer, stored procedures, the client libraries and examples (tests/deploy/run.sh lists them; HA.md explains the failover set-up).
 deploy-test: install
 	bash tests/deploy/run.sh
 

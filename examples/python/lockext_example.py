@@ -1,153 +1,59 @@
 #!/usr/bin/env python3
-"""lockext from Python (psycopg 3): a `with_lock` helper and three scenarios.
+"""lockext from Python (psycopg 3), with the lockext client library: three scenarios.
 
+    pip install ./clients/python
     python3 lockext_example.py [all|work|lost|pause]      (default: all)
 
 Connects to $LOCKEXT_URL (default postgresql://postgres@127.0.0.1:5499/postgres) and
 exits 0 only if every scenario behaved as it must:
 
-- work:  hold a 1 s lease for ~2.5 s of work; the background renewer keeps it, and every
-         write goes through lockext.fence in the writing transaction.
+- work:  hold a 1 s lease for ~2.5 s of work; the library renews it in the background, and
+         every write goes through lockext.fence in the writing transaction.
 - lost:  an operator releases the lease in the middle of the work; the next renewal fails,
          and the work stops at its next check.
 - pause: holder A is frozen (SIGSTOP, like a long GC pause) past its lease; B takes the lock
          with a higher token and writes; A is resumed and writes as if nothing happened:
          the write is refused (SQLSTATE 55L01) and B's data stays.
 
-Works behind PgBouncer in transaction pooling mode: lockext keeps no session state, and
-prepare_threshold=None keeps psycopg from preparing named statements (PgBouncer < 1.21
-cannot route them).
+Works behind PgBouncer in transaction pooling mode: lockext keeps no session state, the
+library's own connection never prepares statements by name, and neither does this
+program's (prepare_threshold=None: PgBouncer < 1.21 cannot route them).
 """
 
-import contextlib
-import datetime
 import os
 import signal
-import socket
 import subprocess
 import sys
-import threading
 import time
 import uuid
 
 import psycopg
 
+try:
+    import lockext
+except ImportError:  # run from a checkout without `pip install ./clients/python`
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../clients/python/src"))
+    import lockext
+
 URL = os.environ.get("LOCKEXT_URL", "postgresql://postgres@127.0.0.1:5499/postgres")
 TABLE = "example_ledger_python"
-STALE = "55L01"  # lockext: stale fence token
-
-
-class LeaseLost(Exception):
-    """The lease ended (renewal refused or impossible): stop working."""
-
-
-class StaleToken(Exception):
-    """lockext.fence refused our token (55L01): a newer holder has written."""
 
 
 def connect():
     return psycopg.connect(URL, autocommit=True, prepare_threshold=None)
 
 
-def secs(s):
-    return datetime.timedelta(seconds=s)
+def write_account(conn, grant, account, writer, delta=1):
+    """One transaction that starts with lockext.fence(account, token): if a newer token was
+    fenced there, it aborts (lockext.StaleToken) and nothing is written."""
+    with grant.transaction(conn, fence=f"account:{account}"):
+        update(conn, grant.token, account, writer, delta)
 
 
-class Lease:
-    def __init__(self, lock_id, owner, token, ttl):
-        self.lock_id, self.owner, self.token, self.ttl = lock_id, owner, token, ttl
-        self.lost = threading.Event()
-        self.reason = None
-        self.renewals = 0
-        self.released = None  # lock_release's answer, set when with_lock ends
-
-    def check(self):
-        """Call before each step of work: raises LeaseLost once the renewer gave up."""
-        if self.lost.is_set():
-            raise LeaseLost(f"lease on {self.lock_id} lost: {self.reason}")
-
-
-def _renewer(lease, stop, every):
-    """Renews the lease every `every` seconds on its own connection until `stop` is set.
-    A refused renewal ends the lease at once; failing calls are retried until the lease
-    would have expired anyway (by our own clock, counted from the last successful call)."""
-    conn = None
-    valid_until = time.monotonic() + lease.ttl
-    while not stop.wait(every):
-        sent = time.monotonic()
-        try:
-            if conn is None or conn.closed:
-                conn = connect()
-            expiry = conn.execute(
-                "SELECT lockext.lock_renew(%s, %s, %s, %s)",
-                (lease.lock_id, lease.owner, secs(lease.ttl), lease.token),
-            ).fetchone()[0]
-        except psycopg.Error as e:
-            if time.monotonic() >= valid_until:
-                lease.reason = f"could not renew before expiry: {e}"
-                lease.lost.set()
-                break
-            with contextlib.suppress(Exception):
-                conn.close()
-            conn = None
-            continue
-        if expiry is None:
-            lease.reason = "renewal refused (expired, released or taken over)"
-            lease.lost.set()
-            break
-        lease.renewals += 1
-        valid_until = sent + lease.ttl
-    if conn is not None:
-        conn.close()
-
-
-@contextlib.contextmanager
-def with_lock(lock_id, owner, ttl=10.0, wait=30.0, renew_fraction=1 / 3):
-    """Acquires `lock_id` for `owner` (unique per holder), renews it in the background
-    every ttl*renew_fraction, yields the Lease, and releases it at the end. Raises
-    TimeoutError when the lock stays taken for `wait` seconds."""
-    with connect() as conn:
-        token = conn.execute(
-            "SELECT fence_token FROM lockext.lock_acquire(%s, %s, %s, wait => %s)",
-            (lock_id, owner, secs(ttl), secs(wait)),
-        ).fetchone()[0]
-        if token is None:
-            raise TimeoutError(f"lock {lock_id} still taken after {wait} s")
-        lease = Lease(lock_id, owner, token, ttl)
-        stop = threading.Event()
-        renewer = threading.Thread(target=_renewer, args=(lease, stop, ttl * renew_fraction), daemon=True)
-        renewer.start()
-        try:
-            yield lease
-        finally:
-            stop.set()
-            renewer.join()
-            with contextlib.suppress(psycopg.Error):
-                lease.released = conn.execute(
-                    "SELECT lockext.lock_release(%s, %s, %s)", (lock_id, owner, token)
-                ).fetchone()[0]
-
-
-def fenced_write(conn, lease, resource, sql, params):
-    """Runs `sql` in one transaction that starts with lockext.fence(resource, token): if a
-    newer token was fenced on `resource`, the transaction aborts and nothing is written."""
-    try:
-        with conn.transaction():
-            conn.execute("SELECT lockext.fence(%s, %s)", (resource, lease.token))
-            conn.execute(sql, params)
-    except psycopg.Error as e:
-        if e.sqlstate == STALE:
-            raise StaleToken(e.diag.message_primary) from e
-        raise
-
-
-def write_account(conn, lease, account, writer, delta=1):
-    fenced_write(
-        conn,
-        lease,
-        f"account:{account}",
+def update(conn, token, account, writer, delta):
+    conn.execute(
         f"UPDATE {TABLE} SET balance = balance + %s, last_writer = %s, last_token = %s WHERE id = %s",
-        (delta, writer, lease.token, account),
+        (delta, writer, token, account),
     )
 
 
@@ -161,10 +67,6 @@ def setup(conn, account):
 
 def account_row(conn, account):
     return conn.execute(f"SELECT balance, last_writer, last_token FROM {TABLE} WHERE id = %s", (account,)).fetchone()
-
-
-def new_owner(role):
-    return f"{socket.gethostname()}:{os.getpid()}:{role}:{uuid.uuid4().hex[:8]}"
 
 
 def run_id():
@@ -181,14 +83,15 @@ def scenario_work():
     account, lock = f"work-{rid}", f"example:python:work:{rid}"
     with connect() as conn:
         setup(conn, account)
-        with with_lock(lock, new_owner("worker"), ttl=1.0) as lease:
+        # The owner defaults to hostname:pid:random; the ttl is seconds (or a timedelta).
+        with lockext.lock(URL, lock, ttl=1.0) as grant:
             for _ in range(10):  # 10 steps of 250 ms: 2.5 leases long
-                lease.check()
-                write_account(conn, lease, account, "worker")
+                grant.check()
+                write_account(conn, grant, account, "worker")
                 time.sleep(0.25)
         balance, _, token = account_row(conn, account)
-    ok = balance == 10 and token == lease.token and lease.renewals >= 3 and lease.released
-    print(f"work:  10 fenced writes committed={balance}, renewals={lease.renewals}, released={lease.released}")
+    ok = balance == 10 and token == grant.token and grant.renewals >= 3 and grant.released
+    print(f"work:  10 fenced writes committed={balance}, renewals={grant.renewals}, released={grant.released}")
     return ok
 
 
@@ -199,45 +102,47 @@ def scenario_lost():
     with connect() as conn, connect() as operator:
         setup(conn, account)
         try:
-            with with_lock(lock, new_owner("worker"), ttl=1.0) as lease:
+            with lockext.lock(URL, lock, ttl=1.0) as grant:
                 for i in range(40):  # would take 4 s
-                    lease.check()
-                    write_account(conn, lease, account, "worker")
+                    grant.check()
+                    write_account(conn, grant, account, "worker")
                     steps += 1
                     if i == 2:  # an operator clears the lock (lockext_admin may do it for any holder)
-                        operator.execute("SELECT lockext.lock_release(%s, %s, %s)", (lock, lease.owner, lease.token))
+                        operator.execute("SELECT lockext.lock_release(%s, %s, %s)", (lock, grant.owner, grant.token))
                     time.sleep(0.1)
-        except LeaseLost as e:
+        except lockext.LeaseLost as e:
             stopped = e
         balance = account_row(conn, account)[0]
-    print(f"lost:  work stopped after {steps} of 40 steps ({stopped}); release returned {lease.released}")
-    return stopped is not None and steps < 15 and balance == steps and lease.released is False
+    print(f"lost:  work stopped after {steps} of 40 steps ({stopped}); release returned {grant.released}")
+    return stopped is not None and steps < 15 and balance == steps and grant.released is False
 
 
 def pause_a(lock, account):
     """Holder A: writes once, says `ready`, blocks on stdin (it is frozen there), then writes
-    again without checking the lease, like code that checked it just before the pause."""
+    again without checking the lease, like code that checked it just before the pause (the
+    library's grant.transaction would check, and refuse: its clock saw the TTL pass)."""
     with connect() as conn:
         try:
-            with with_lock(lock, new_owner("A"), ttl=1.0) as lease:
-                lease.check()
-                write_account(conn, lease, account, "A")
-                print(f"ready {lease.token}", flush=True)
+            with lockext.lock(URL, lock, ttl=1.0) as grant:
+                write_account(conn, grant, account, "A")
+                print(f"ready {grant.token}", flush=True)
                 sys.stdin.readline()  # `go` was written while we were stopped
-                write_account(conn, lease, account, "A")
+                with conn.transaction():  # only the fence stands between this write and B's data
+                    lockext.fence(conn, f"account:{account}", grant.token)
+                    update(conn, grant.token, account, "A", 1)
                 print("stale write ACCEPTED", flush=True)
                 return 1
-        except StaleToken as e:
+        except lockext.StaleToken as e:
             print(f"stale write refused: {e}", flush=True)
-            return 0 if lease.released is False else 1
+            return 0 if grant.released is False else 1
 
 
 def pause_b(lock, account):
     """Holder B: waits for the lock, writes, releases; prints its token."""
     with connect() as conn:
-        with with_lock(lock, new_owner("B"), ttl=5.0, wait=10.0) as lease:
-            write_account(conn, lease, account, "B", delta=100)
-        print(f"wrote {lease.token}", flush=True)
+        with lockext.lock(URL, lock, ttl=5.0, wait=10.0) as grant:
+            write_account(conn, grant, account, "B", delta=100)
+        print(f"wrote {grant.token}", flush=True)
     return 0
 
 

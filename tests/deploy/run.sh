@@ -1,17 +1,23 @@
 #!/usr/bin/env bash
-# lockext in real deployments: the client examples in four languages, PgBouncer in
-# transaction pooling mode, a stored procedure. One entry point for CI:
+# lockext in real deployments: the client libraries and the client examples in four
+# languages, PgBouncer in transaction pooling mode, a stored procedure. One entry point for CI:
 #
 #   bash tests/deploy/run.sh
 #
-# Needs lockext installed into the system PostgreSQL 15 (make install) and runs as root (it
-# runs PostgreSQL and PgBouncer as the postgres OS user). Installs what it needs, each only
-# when missing: Debian's pgbouncer, golang-go and golang-github-jackc-pgx-v4-dev, psycopg 3
-# (PyPI, or Debian's python3-psycopg), pg for Node.js (npm, from examples/node/package-lock.json).
+# Needs lockext installed into the system PostgreSQL 15 (make install), or into the copy
+# of PostgreSQL that $PG_BIN names (its bin directory, as for scripts/cluster.sh), and runs
+# as root (it runs PostgreSQL and PgBouncer as the postgres OS user). Installs what it
+# needs, each only when missing: Debian's pgbouncer, golang-go and
+# golang-github-jackc-pgx-v4-dev, psycopg 3 (PyPI, or Debian's python3-psycopg), pg for
+# Node.js (npm, from examples/node/package-lock.json); and each run, the client libraries
+# as a user would: clients/python with pip into a virtualenv, clients/node with npm into a
+# scratch application (both in $LOCKEXT_DEPLOY_HOME).
 #
 # It starts a scratch cluster (scripts/cluster.sh, port $LOCKEXT_DEPLOY_PORT, default 5699,
-# files in /tmp/lockext-deploy) and a PgBouncer in front of it (port
-# $LOCKEXT_DEPLOY_BOUNCER_PORT, default 6699, pool_mode = transaction), then runs:
+# files in $LOCKEXT_DEPLOY_HOME, default /tmp/lockext-deploy) and a PgBouncer in front of
+# it (port $LOCKEXT_DEPLOY_BOUNCER_PORT, default 6699, pool_mode = transaction), then runs:
+#   - the client libraries' tests (clients/python/tests, clients/node/test) directly and
+#     through PgBouncer;
 #   - each example (Python, Node.js, Go, Rust) directly and through PgBouncer;
 #   - tests/deploy/node/tokens.test.js: fencing tokens kept as JavaScript Numbers stay exact;
 #   - the stored procedure test directly and through PgBouncer;
@@ -20,6 +26,8 @@
 #     own cluster and PgBouncer;
 #   - the Patroni failover test (tests/deploy/patroni/run.sh, about 90 s; installs Debian's
 #     patroni and etcd-server), unless LOCKEXT_DEPLOY_PATRONI=0.
+# LOCKEXT_DEPLOY_ONLY="client- example-python" runs only the steps whose names start with
+# one of those words (the installs and services always run), e.g. to try one part.
 # The last line is `N passed, N failed`; the exit status is non-zero on any failure.
 set -uo pipefail
 
@@ -35,6 +43,9 @@ export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HERE/target}
 DIRECT_URL="postgresql://postgres@127.0.0.1:$PORT/postgres"
 POOLED_URL="postgresql://postgres@127.0.0.1:$BOUNCER_PORT/postgres"
 PY=${PYTHON:-python3}
+VENV=$HOME_DIR/venv # clients/python installed, for its tests and the Python example
+NODE_APP=$HOME_DIR/node-app # clients/node installed, for its tests
+PSQL=${PG_BIN:+$PG_BIN/}psql
 STARTED=$(date +%s)
 
 passed=0
@@ -43,10 +54,20 @@ failures=()
 
 say() { printf '\n== %s\n' "$*"; }
 
+wanted() {
+    [ -z "${LOCKEXT_DEPLOY_ONLY:-}" ] && return 0
+    local w
+    for w in install services $LOCKEXT_DEPLOY_ONLY; do
+        case $1 in "$w"*) return 0 ;; esac
+    done
+    return 1
+}
+
 # run NAME COMMAND...: runs one test, output to the terminal and to $LOGS/NAME.log.
 run() {
     local name=$1
     shift
+    wanted "$name" || return 0
     say "$name"
     local t0=$SECONDS
     if "$@" 2>&1 | tee "$LOGS/$name.log"; [ "${PIPESTATUS[0]}" -eq 0 ]; then
@@ -107,8 +128,24 @@ install_python() {
 install_node() {
     command -v node >/dev/null || apt_install nodejs npm || return 1
     command -v npm >/dev/null || apt_install npm || return 1
-    [ -f "$ROOT/examples/node/node_modules/pg/package.json" ] && return 0
+    [ -f "$ROOT/examples/node/node_modules/pg/package.json" ] &&
+        [ -f "$ROOT/examples/node/node_modules/lockext/package.json" ] && return 0
     (cd "$ROOT/examples/node" && npm ci --no-audit --no-fund --loglevel=error)
+}
+
+# The client libraries, installed from ./clients the way their READMEs say, fresh each run
+# ($HOME_DIR starts empty). The virtualenv sees the system's packages, so psycopg comes
+# from there when the base Python has it (Debian's python3-psycopg), else from PyPI.
+install_clients() {
+    "$PY" -m venv --system-site-packages "$VENV" 2>/dev/null ||
+        { apt_install python3-venv && rm -rf "$VENV" && "$PY" -m venv --system-site-packages "$VENV"; } || return 1
+    "$VENV/bin/python" -m pip install -q --disable-pip-version-check "$ROOT/clients/python" || return 1
+    mkdir -p "$NODE_APP"
+    echo '{ "name": "lockext-deploy-app", "private": true }' >"$NODE_APP/package.json"
+    # --install-links: a copy of the package, as from a registry (a link would test the
+    # source folder); npm installs its peer dependency pg beside it.
+    (cd "$NODE_APP" && npm install --install-links --no-audit --no-fund --loglevel=error "$ROOT/clients/node") || return 1
+    echo "clients: $("$VENV/bin/python" -c 'import lockext, psycopg; print("python lockext", lockext.__version__, "psycopg", psycopg.__version__)'), node lockext $(node -p 'require("'"$NODE_APP"'/node_modules/lockext/package.json").version') pg $(node -p 'require("'"$NODE_APP"'/node_modules/pg/package.json").version')"
 }
 
 install_all() {
@@ -118,6 +155,7 @@ install_all() {
     fi
     install_python || return 1
     install_node || return 1
+    install_clients || return 1
     command -v cargo >/dev/null || { echo "cargo is missing (scripts/bootstrap.sh installs it)"; return 1; }
     echo "python: $("$PY" -c 'import psycopg, sys; print(sys.executable, "psycopg", psycopg.__version__)')"
     echo "node: $(node --version), pg $(node -p 'require("'"$ROOT"'/examples/node/node_modules/pg/package.json").version')"
@@ -143,6 +181,10 @@ unix_socket_dir =
 auth_type = trust
 auth_file = $BOUNCER_DIR/userlist.txt
 pool_mode = transaction
+; Hand out idle server connections in turn, not the last used one: a client's next
+; transaction then lands on another server connection whenever several are open, so a
+; client relying on session state (a named prepared statement) fails here, not in production.
+server_round_robin = 1
 max_client_conn = 200
 logfile = $BOUNCER_DIR/pgbouncer.log
 pidfile = $BOUNCER_DIR/pgbouncer.pid
@@ -151,7 +193,7 @@ INI
     chown -R postgres:postgres "$BOUNCER_DIR"
     runuser -u postgres -- pgbouncer -d "$BOUNCER_DIR/pgbouncer.ini" || return 1
     for _ in $(seq 1 100); do
-        psql -X -q -h 127.0.0.1 -p "$BOUNCER_PORT" -U postgres -d postgres -c 'SELECT 1' >/dev/null 2>&1 && {
+        "$PSQL" -X -q -h 127.0.0.1 -p "$BOUNCER_PORT" -U postgres -d postgres -c 'SELECT 1' >/dev/null 2>&1 && {
             echo "pgbouncer (transaction pooling, 4 server connections) on 127.0.0.1:$BOUNCER_PORT"
             return 0
         }
@@ -196,11 +238,20 @@ example() { # example LANG URL
     local lang=$1
     export LOCKEXT_URL=$2
     case $lang in
-        python) "$PY" "$ROOT/examples/python/lockext_example.py" ;;
+        python) "$VENV/bin/python" "$ROOT/examples/python/lockext_example.py" ;;
         node) node "$ROOT/examples/node/lockext_example.js" ;;
         go) "$GO_BIN" ;;
         rust) "$RUST_BIN" ;;
     esac
+}
+
+# The client libraries' tests: the library connects to $1, the tests reach the server
+# directly for what a pooler hides (a backend to terminate, a second database).
+client_python() {
+    LOCKEXT_URL=$1 LOCKEXT_DIRECT_URL=$DIRECT_URL "$VENV/bin/python" -m unittest discover -v -s "$ROOT/clients/python/tests"
+}
+client_node() {
+    LOCKEXT_URL=$1 LOCKEXT_DIRECT_URL=$DIRECT_URL LOCKEXT_NODE_APP=$NODE_APP node --test "$ROOT/clients/node/test/"
 }
 
 procedure() { LOCKEXT_URL=$1 "$PY" "$HERE/procedure/test_procedure.py"; }
@@ -220,6 +271,10 @@ need install install_all
 need services start_services
 need build-go build_go
 need build-rust build_rust
+for lang in python node; do
+    run "client-$lang" "client_$lang" "$DIRECT_URL"
+    run "client-$lang-pgbouncer" "client_$lang" "$POOLED_URL"
+done
 for lang in python node go rust; do
     run "example-$lang" example "$lang" "$DIRECT_URL"
     run "example-$lang-pgbouncer" example "$lang" "$POOLED_URL"

@@ -1,0 +1,204 @@
+"""What the sync and async grants share: errors, argument checks, SQL, the local lease clock."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import math
+import os
+import secrets
+import socket
+import time
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+
+class Error(Exception):
+    """A lockext error. `sqlstate` is the server's code when the server raised it."""
+
+    def __init__(self, message: str, sqlstate: str | None = None):
+        super().__init__(message)
+        self.sqlstate = sqlstate
+
+
+class NotAcquired(Error):
+    """lock_acquire refused the lock: a live lease holds it (and `wait` ran out)."""
+
+
+class LeaseLost(Error):
+    """The lease ended while you believed you held it: stop working."""
+
+
+class StaleToken(LeaseLost):
+    """A fenced write was refused (SQLSTATE 55L01, or fenced_update said false): a holder
+    with a newer token has written. A retry with the same token can never succeed."""
+
+
+class InvalidArgument(Error, ValueError):
+    """The server refused an argument (22023, 22004, 22001, 42809)."""
+
+
+class ReadOnlyServer(Error):
+    """Connected to a hot standby (25006): connect to the primary."""
+
+
+class PermissionDenied(Error):
+    """The role is not a member of lockext_user (42501)."""
+
+
+class NotSupported(Error):
+    """0A000: e.g. session_bound where lockext.session_leases is off (behind PgBouncer)."""
+
+
+# README's Errors section, where a distinct exception helps the caller decide what to do.
+# Other SQLSTATEs (and connection failures) stay psycopg's own exceptions.
+_BY_SQLSTATE = {
+    "55L01": StaleToken,
+    "22023": InvalidArgument,
+    "22004": InvalidArgument,
+    "22001": InvalidArgument,
+    "42809": InvalidArgument,
+    "25006": ReadOnlyServer,
+    "42501": PermissionDenied,
+    "0A000": NotSupported,
+    "2200H": Error,
+    "58030": Error,
+}
+
+
+@contextlib.contextmanager
+def mapped_errors(only=None):
+    """Re-raises a psycopg error whose SQLSTATE lockext documents (or one of `only`) as
+    lockext's exception."""
+    try:
+        yield
+    except psycopg.Error as e:
+        cls = _BY_SQLSTATE.get(e.sqlstate or "")
+        if cls is None or (only is not None and e.sqlstate not in only):
+            raise
+        raise cls(e.diag.message_primary or str(e), e.sqlstate) from e
+
+
+def interval(value, name: str, *, zero_ok: bool) -> datetime.timedelta:
+    """Seconds (int or float) or a timedelta, as a timedelta, which psycopg sends as an
+    interval: a bare number would make PostgreSQL look for lock_acquire(text, text,
+    integer), which does not exist (42883)."""
+    if isinstance(value, datetime.timedelta):
+        td = value
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        if not math.isfinite(value):
+            raise ValueError(f"{name} must be finite, got {value!r}")
+        td = datetime.timedelta(seconds=value)
+    else:
+        raise TypeError(f"{name} must be seconds (int or float) or a timedelta, got {value!r}")
+    if td < datetime.timedelta(0) or (td == datetime.timedelta(0) and not zero_ok):
+        raise ValueError(f"{name} must be {'>= 0' if zero_ok else '> 0'}, got {value!r}")
+    return td
+
+
+def default_owner() -> str:
+    """host:pid:random. Random per grant, not per process: two grants of one process with
+    the same owner on one lock id would be one lease (lock_acquire gives an owner its own
+    live grant back), so both would run."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(6)}"
+
+
+def conninfo_of(target) -> str:
+    """The conninfo of a connection string, or of a psycopg (Async)Connection: the library
+    opens a connection of its own with it instead of using the caller's (see connect_kwargs)."""
+    if isinstance(target, str):
+        return target
+    info = getattr(target, "info", None)
+    if isinstance(info, psycopg.ConnectionInfo):
+        # info.dsn leaves the password out on purpose; libpq still knows it.
+        return make_conninfo(info.dsn, password=info.password) if info.password else info.dsn
+    raise TypeError(f"expected a conninfo string or a psycopg connection, got {type(target).__name__}")
+
+
+def connect_kwargs(conninfo: str) -> dict:
+    """How the library's own connection is made, and why:
+    - autocommit: a grant must be committed to exist for anyone else. On a psycopg
+      connection that is not in autocommit, lock_acquire opens an implicit transaction,
+      the lease stays invisible and locked, renewals see nothing to renew (NULL), and
+      nobody else can take the lock until that transaction ends.
+    - prepare_threshold=None: psycopg otherwise prepares a statement by name after 5 runs
+      (every renewal is the same statement), and a transaction-pooling PgBouncer sends the
+      next run to a server connection that never saw it."""
+    kwargs = {"autocommit": True, "prepare_threshold": None}
+    if "application_name" not in conninfo_to_dict(conninfo) and "PGAPPNAME" not in os.environ:
+        kwargs["application_name"] = "lockext-python"  # shows in lockext.holders
+    return kwargs
+
+
+ACQUIRE = (
+    "SELECT fence_token, expires_at FROM lockext.lock_acquire(%s::text, %s::text, %s::interval,"
+    " wait => %s::interval, mode => %s::text, permits => %s::integer, session_bound => %s::boolean)"
+)
+RENEW = "SELECT lockext.lock_renew(%s::text, %s::text, %s::interval, %s::bigint)"
+RELEASE = "SELECT lockext.lock_release(%s::text, %s::text, %s::bigint)"
+FENCED_UPDATE = "SELECT lockext.fenced_update(%s::text, %s::bigint, %s::jsonb)"
+FENCE = "SELECT lockext.fence(%s::text, %s::bigint)"
+DECLARE = "SELECT lockext.declare_token(%s::bigint)"
+
+
+class GrantBase:
+    """A lease this process holds, as the renewer last saw it. Attributes: lock_id, owner,
+    token (int, exact), ttl (timedelta), expires_at (server time of the last grant or
+    renewal), renewals, released (lock_release's answer once released: True, False when
+    the lease had already ended, None if the release could not be sent), reason (why the
+    lease was lost, or None)."""
+
+    def __init__(self, lock_id, owner, token, expires_at, ttl, renew_every, sent):
+        self.lock_id, self.owner, self.token = lock_id, owner, token
+        self.ttl, self.renew_every, self.expires_at = ttl, renew_every, expires_at
+        self.renewals = 0
+        self.released = None
+        self.reason = None
+        # By our own clock, from when the last successful call was *sent*: the server's
+        # expiry is no later than that plus the ttl.
+        self._valid_until = sent + ttl.total_seconds()
+
+    @property
+    def lost(self) -> bool:
+        """True once a renewal failed or was refused, or no renewal succeeded within the
+        TTL (the process was paused, the renewer stuck): the lease may be someone else's."""
+        return self.reason is not None or time.monotonic() >= self._valid_until
+
+    def check(self) -> None:
+        """Call before each step of work: raises LeaseLost once the lease is lost."""
+        if self.lost:
+            raise LeaseLost(f"lease on {self.lock_id!r} (token {self.token}) lost: {self._why()}")
+
+    def _why(self) -> str:
+        return self.reason or "no renewal succeeded within the TTL"
+
+    def _lose(self, reason: str) -> None:
+        if self.reason is None:
+            self.reason = reason
+
+    def _renewed(self, sent: float, expires_at) -> None:
+        self._valid_until = sent + self.ttl.total_seconds()
+        self.expires_at = expires_at
+        self.renewals += 1
+
+    def _after_release(self, lost_before: bool):
+        """What leaving the `with` block without an exception raises, if anything."""
+        if self.released is False:
+            self._lose("lock_release found no live lease (it had expired, been released or taken over)")
+        if lost_before or self.released is False:
+            return LeaseLost(f"lease on {self.lock_id!r} (token {self.token}) was lost before the end: {self._why()}")
+        return None
+
+    def __repr__(self):
+        state = "lost" if self.lost else "held"
+        return f"<{type(self).__name__} {self.lock_id!r} token={self.token} owner={self.owner!r} {state}>"
+
+
+def renew_every_of(ttl: datetime.timedelta, renew_every) -> float:
+    """A third of the TTL by default: two renewals can fail to arrive in time before the
+    lease runs out. Must be below the TTL."""
+    every = ttl / 3 if renew_every is None else interval(renew_every, "renew_every", zero_ok=False)
+    if every >= ttl:
+        raise ValueError(f"renew_every ({every}) must be shorter than the ttl ({ttl})")
+    return every.total_seconds()
