@@ -48,10 +48,18 @@ running() { as_postgres "$PG_BIN/pg_ctl" -D "$DATA" status >/dev/null 2>&1; }
 start() {
     init
     if ! running; then
-        as_postgres "$PG_BIN/pg_ctl" -D "$DATA" -l "$LOG" -w -t 60 start >/dev/null
+        # The port asked for now, whatever the cluster was made with.
+        as_postgres "$PG_BIN/pg_ctl" -D "$DATA" -l "$LOG" -w -t 60 -o "-p $PORT" start >/dev/null
     fi
     # A cluster made by an older build gets the extension updated to this build's version.
-    psql_ -q -d postgres -c "CREATE EXTENSION IF NOT EXISTS lockext" -c "ALTER EXTENSION lockext UPDATE" 2>&1 | grep -v NOTICE || true
+    local out
+    if ! out=$(psql_ -q -d postgres -c "CREATE EXTENSION IF NOT EXISTS lockext" \
+                     -c "ALTER EXTENSION lockext UPDATE" 2>&1); then
+        echo "$out" >&2
+        echo "lockext: the cluster in $HOME_DIR is not answering on port $PORT (running on another? log: $LOG)" >&2
+        exit 1
+    fi
+    echo "$out" | grep -v NOTICE || true
     echo "lockext is running: psql -h 127.0.0.1 -p $PORT -U postgres postgres  (log: $LOG)"
 }
 
