@@ -29,7 +29,7 @@ fn more_databases_than_counter_slots_keep_every_counter_rising() {
             .expect("create extension");
     }
     let mut seen: Vec<Vec<i64>> = vec![Vec::new(); DATABASES];
-    let mut round = |label: &str, seen: &mut Vec<Vec<i64>>, checks: &mut Checks| {
+    let round = |label: &str, seen: &mut Vec<Vec<i64>>, checks: &mut Checks| {
         for (i, name) in names.iter().enumerate() {
             let mut c = cluster.connect_to(name);
             let token = grant(&mut c, &format!("{label}-{i}"), "o");
