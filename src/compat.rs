@@ -117,12 +117,38 @@ fn refuse(function: &str, version: &str, detail: &str) -> ! {
     unreachable!("an ERROR report does not return")
 }
 
+/// Raises 55000 for `function` called by SQL objects of this library's own version that an
+/// earlier build made (an unreleased version's SQL changes between builds; `ALTER
+/// EXTENSION ... UPDATE` cannot help, since the version is the same).
+fn refuse_earlier_build(function: &str) -> ! {
+    let db = database_name();
+    ErrorReport::new(
+        PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+        format!(
+            "lockext.{function} in database \"{db}\" was created by an earlier build of \
+             lockext {LIBRARY_VERSION}"
+        ),
+        "lockext",
+    )
+    .set_detail(
+        "Its SQL names an entry point that this build keeps for lockext 0.1.0 and 0.2.0 only: \
+         an unreleased version's SQL changes between builds.",
+    )
+    .set_hint(format!(
+        "Create the extension again in database \"{db}\": DROP EXTENSION lockext CASCADE; \
+         CREATE EXTENSION lockext (its leases and resources are lost)."
+    ))
+    .report(PgLogLevel::ERROR);
+    unreachable!("an ERROR report does not return")
+}
+
 /// The older SQL version that called `function` through one of these entry points. Only
 /// 0.1.0's and 0.2.0's scripts name them; any other caller is refused rather than guessed.
 fn older(function: &'static str) -> Older {
     match installed_version().or_report().as_deref() {
         Some("0.1.0") => Older::V0_1,
         Some("0.2.0") => Older::V0_2,
+        Some(LIBRARY_VERSION) => refuse_earlier_build(function),
         other => refuse(
             function,
             other.unwrap_or("none"),

@@ -25,9 +25,13 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{ErrorKind, Write};
 use std::path::PathBuf;
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use pgrx::pg_sys;
+use pgrx::{pg_guard, pg_shmem_init, PgAtomic};
 
 use crate::error::LockError;
+use crate::settings;
 
 const DIR: &str = "pg_lockext";
 const FILE: &str = "eras";
@@ -130,10 +134,24 @@ pub fn read() -> Result<Record, LockError> {
     read_at(&dir().join(FILE))
 }
 
-/// Which version of the record is on disk (its inode and change time; None when there is
-/// none): a backend that cached what it read compares this on every grant, one `stat`, and
-/// reads the record again when another backend has rewritten it (always by rename).
+/// How many times this server rewrote the record: only `update` writes it, so when lockext
+/// is preloaded a backend learns of a rewrite from this counter in shared memory instead of
+/// a `stat` of the file on every grant. A new server starts with new shared memory, and its
+/// backends with nothing cached.
+static REWRITES: PgAtomic<AtomicU64> = unsafe { PgAtomic::new(c"lockext_era_rewrites") };
+
+pub fn init_shared_memory() {
+    pg_shmem_init!(REWRITES);
+}
+
+/// Which version of the record is on disk: a backend that cached what it read compares
+/// this on every grant, and reads the record again when another backend has rewritten it
+/// (always by rename). Preloaded, the number of rewrites since the server started; else
+/// the file's inode and change time (one `stat`; None when there is no file).
 pub fn version() -> Option<(u64, i64, i64)> {
+    if settings::preloaded() {
+        return Some((0, REWRITES.get().load(Ordering::Acquire) as i64, 0));
+    }
     use std::os::unix::fs::MetadataExt;
     let meta = fs::metadata(dir().join(FILE)).ok()?;
     Some((meta.ino(), meta.ctime(), meta.ctime_nsec()))
@@ -159,6 +177,11 @@ pub fn update<T>(change: impl FnOnce(&mut Record) -> Result<T, LockError>) -> Re
     let result = change(&mut after)?;
     if after != before {
         write_durably(&dir, &path, &after.render())?;
+        if settings::preloaded() {
+            // Only once the new record is in place: a backend that sees the new count
+            // reads the new record.
+            REWRITES.get().fetch_add(1, Ordering::Release);
+        }
     }
     drop(lock); // closing the file releases the lock
     Ok(result)

@@ -81,6 +81,7 @@ pub extern "C-unwind" fn _PG_init() {
         status::init_shared_memory();
         stats::init_shared_memory();
         counter::init_shared_memory();
+        eras::init_shared_memory();
         wait::init_shared_memory();
         reaper::register_launcher();
     }
