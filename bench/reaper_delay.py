@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """How long the reaper takes to clear expired leases while many others are live or in
-their lock-delay (issue 16: every batch used to read those too). Standard library only.
+their lock-delay (a batch must not read those: it deletes only leases whose lock is free).
+Standard library only.
 
   python3 bench/reaper_delay.py [--delayed 550000] [--live 50000] [--expired 20000]
 

@@ -1,6 +1,6 @@
 //! A refused acquire inside a transaction that stays open must not keep the holder's live,
-//! just-renewed lease row locked (issue 16, the known gap in README's "Shared (read) and
-//! exclusive (write) leases" notes).
+//! just-renewed lease row locked (PostgreSQL keeps the lock of a row that fails the recheck
+//! of `FOR UPDATE`).
 //!
 //! PostgreSQL keeps the lock of a row that fails the EvalPlanQual recheck of `SELECT ...
 //! FOR UPDATE SKIP LOCKED`: in READ COMMITTED it locks the newest version of a row that its

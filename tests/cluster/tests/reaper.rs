@@ -326,8 +326,8 @@ fn missing_database_and_missing_extension_are_logged_once_and_retried() {
 /// objects in a schema on that database's search_path (here `public`, as in databases
 /// made before PostgreSQL 15) plants an `array_agg(text)` and an `unnest(text[])`, which
 /// beat pg_catalog's polymorphic ones for the reaper's unqualified calls, and records who
-/// runs them. The reaper must never run them: it pins its search_path (issue 16's attack
-/// pass; on the build before, the planted aggregate ran as `postgres` every round).
+/// runs them. The reaper must never run them: it pins its search_path (on a build
+/// without that, the planted aggregate ran as `postgres` every round).
 #[test]
 fn the_reaper_runs_no_function_a_member_planted_on_its_search_path() {
     let cluster = Cluster::start("reap-path", INTERVAL);

@@ -1,5 +1,5 @@
 //! A renewal paused after it read the server clock, and a conflicting grant made while it
-//! was paused (issue 16, item 1). `lock_renew` reads the clock ($5) first, then extends the
+//! was paused. `lock_renew` reads the clock ($5) first, then extends the
 //! caller's lease if `expires_at > $5`. If the lease expires in between and another kind's
 //! grant (or another owner's permit in the same slot) sees it expired and is granted, the
 //! renewal must not then revive it beside that grant: at most one of them may succeed, and

@@ -13,7 +13,7 @@ use lockext_cluster_tests::checks::*;
 use lockext_cluster_tests::crash::*;
 use lockext_cluster_tests::*;
 
-/// Hole 1 of issue 15. After a new boot, a set's first grant records the boot's new epoch
+/// After a new boot, a set's first grant records the boot's new epoch
 /// in the set's subtransaction, and a later grant of the same set sees that uncommitted
 /// record; the set is refused and rolls back, and the record with it. An implementation
 /// that trusted what it saw then mints later grants under an epoch that is on disk
