@@ -41,7 +41,7 @@ pub struct Params<'a> {
     pub token: Option<i64>,
     /// $7: the new grant's lock-delay.
     pub lock_delay: Interval,
-    /// $8: the session the lease is bound to (`session::bind`), or none.
+    /// $8: the session the lease is bound to (`session::this_session`), or none.
     pub session: Option<TimestampWithTimeZone>,
     /// $9, $10: a semaphore's permits, and the slot its taker claimed (shared_leases only).
     pub permits: Option<i32>,
@@ -279,7 +279,7 @@ impl<'a> Request<'a> {
             return Err(LockError::WaitNeedsReadCommitted);
         }
         let session = match session_bound {
-            Some(true) => Some(session::bind()?),
+            Some(true) => Some(session::this_session()?),
             _ => None,
         };
         Ok(Request {

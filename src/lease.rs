@@ -28,6 +28,7 @@ use crate::commit;
 use crate::error::{self, LockError, OrReport};
 use crate::exclusive;
 use crate::grant::{extend_own, Attempt, Granted, Kind, Params, Request};
+use crate::session;
 use crate::settings;
 use crate::shared;
 use crate::statements::{first_value, Statement};
@@ -234,6 +235,9 @@ pub fn acquire(request: &Request<'_>) -> Result<Option<Granted>, LockError> {
         return Ok(None);
     };
     stats::count(Counter::AcquiresGranted);
+    if request.session.is_some() {
+        session::bind(); // the exit hook that ends the lease with this session
+    }
     if request.kind != Kind::Exclusive {
         // Shared leases and permits are many: the next in line may be free to take one too.
         wait::wake_head_at_commit(request.lock_id);

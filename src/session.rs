@@ -49,18 +49,22 @@ thread_local! {
     static BOUND: Cell<bool> = const { Cell::new(false) };
 }
 
-/// Ties the lease being taken to this backend: returns the backend's start time, to be
-/// recorded with its pid, and makes sure the backend ends its leases when it exits.
-pub fn bind() -> Result<TimestampWithTimeZone, LockError> {
+/// The session a lease asked to be bound to: this backend's start time, to be recorded with
+/// its pid. Only a check: nothing changes until a bound lease is granted (`bind`).
+pub fn this_session() -> Result<TimestampWithTimeZone, LockError> {
     if !settings::SESSION_LEASES.get() {
         return Err(LockError::SessionLeasesOff);
     }
-    let started = backend::started()?;
+    backend::started()
+}
+
+/// Makes sure this backend ends its session-bound leases when it exits: call once a bound
+/// lease is granted.
+pub fn bind() {
     if !BOUND.get() {
         unsafe { pg_sys::before_shmem_exit(Some(end_at_exit), pg_sys::Datum::from(0)) };
         BOUND.set(true);
     }
-    Ok(started)
 }
 
 /// The exit hook: ends this backend's session-bound leases in a transaction of its own,
