@@ -401,6 +401,7 @@ DROP INDEX lockext.locks_expires_at_idx;
 DROP INDEX lockext.shared_leases_expires_at_idx;
 CREATE INDEX locks_free_at_idx ON lockext.locks (lockext.free_at(expires_at, lock_delay));
 CREATE INDEX shared_leases_free_at_idx ON lockext.shared_leases (lockext.free_at(expires_at, lock_delay));
+CREATE INDEX shared_leases_permits_idx ON lockext.shared_leases (lock_id) WHERE permits IS NOT NULL;
 
 -- Functions that need lockext_user or lockext_admin check their caller themselves (and say
 -- which role to grant), so PUBLIC may execute them (sql/privileges.sql); check_token and

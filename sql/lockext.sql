@@ -69,6 +69,9 @@ CREATE TABLE lockext.shared_leases (
 );
 ALTER TABLE lockext.shared_leases SET (vacuum_truncate = false);
 CREATE INDEX shared_leases_session_idx ON lockext.shared_leases (taker_pid) WHERE session_start IS NOT NULL;
+-- A semaphore's permits of a lock id: a shared acquire looks for one (a lock id is a lock or a
+-- semaphore) without reading every shared lease of the id.
+CREATE INDEX shared_leases_permits_idx ON lockext.shared_leases (lock_id) WHERE permits IS NOT NULL;
 
 -- The token era (high bits of every token, see src/token.rs) and the history it was
 -- started for. One row at most; none until the first grant. It travels with dumps, so that

@@ -10,7 +10,7 @@ use pgrx::spi::SpiClient;
 
 use crate::error::LockError;
 use crate::grant::{
-    clear_dead, look_at, millis, take, Attempt, Granted, Params, Request, ACQUIRE_PARAMS,
+    clear_dead, look_at, millis, take, Attempt, Granted, Kind, Params, Request, ACQUIRE_PARAMS,
     CLEAR_DEAD_SHARED,
 };
 use crate::sql::{grant_returning, grant_sets};
@@ -37,7 +37,7 @@ struct Look {
 impl Look {
     fn read(params: &Params<'_>) -> Look {
         let mut look = Look::default();
-        let (leases, now) = look_at(params);
+        let (leases, now) = look_at(Kind::Exclusive, params);
         for lease in leases {
             if !lease.shared {
                 look.exclusive_row = true;

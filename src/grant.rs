@@ -142,6 +142,28 @@ static LOOK: Statement = Statement {
     params: ACQUIRE_PARAMS,
 };
 
+// A shared acquire's look: the exclusive lease, the caller's own row, and one live permit
+// of someone else's if there is any (then the id is a semaphore). Not every shared lease of
+// the id: a shared acquire does not depend on the others, and reading them all made it cost
+// as much as there were holders.
+static LOOK_SHARED: Statement = Statement {
+    sql: "SELECT false AS shared, expires_at, lockext.free_at(expires_at, lock_delay) AS free_at, \
+                 owner = $2 AND holder_role = $3 AS mine, owner = $2 AS owner_named, \
+                 NULL::integer AS permits \
+            FROM lockext.locks WHERE lock_id = $1 \
+          UNION ALL \
+          SELECT true, expires_at, lockext.free_at(expires_at, lock_delay), holder_role = $3, true, \
+                 permits \
+            FROM lockext.shared_leases WHERE lock_id = $1 AND owner = $2 \
+          UNION ALL \
+          (SELECT true, expires_at, lockext.free_at(expires_at, lock_delay), false, false, permits \
+             FROM lockext.shared_leases \
+            WHERE lock_id = $1 AND permits IS NOT NULL AND owner <> $2 \
+              AND expires_at + lock_delay > $5 \
+            LIMIT 1)",
+    params: ACQUIRE_PARAMS,
+};
+
 /// One lease of the lock id an acquire looks at (`look_at`); times in PostgreSQL's
 /// microseconds.
 pub struct Seen {
@@ -169,9 +191,15 @@ impl Seen {
     }
 }
 
-/// Every lease of the lock id in `params`, under the newest snapshot, and the call's clock.
-pub fn look_at(params: &Params<'_>) -> (Vec<Seen>, i64) {
-    let leases = LOOK
+/// The leases of the lock id in `params` that its acquire depends on, under the newest
+/// snapshot, and the call's clock: every lease, but for a shared acquire (`LOOK_SHARED`).
+pub fn look_at(kind: Kind, params: &Params<'_>) -> (Vec<Seen>, i64) {
+    let look = if kind == Kind::Shared {
+        &LOOK_SHARED
+    } else {
+        &LOOK
+    };
+    let leases = look
         .read_latest_all(&params.datums())
         .into_iter()
         .filter_map(|row| {

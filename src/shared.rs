@@ -30,7 +30,9 @@ use crate::statements::Statement;
 use crate::text::Text;
 
 /// What a shared or permit acquire sees of its lock id (`grant::look_at`), by the call's
-/// clock: the exclusive lease, and the shared leases or permits not yet free.
+/// clock: the exclusive lease, and the shared leases or permits not yet free (a shared
+/// acquire sees only its own row and one live permit of someone else's, if any: `others`
+/// and `shared` then say nothing, and only a permit acquire reads them).
 #[derive(Default)]
 struct Look {
     /// An exclusive lease row: not yet free (`Some(true)`), or free but still there.
@@ -48,9 +50,9 @@ struct Look {
 }
 
 impl Look {
-    fn read(params: &Params<'_>) -> Look {
+    fn read(kind: Kind, params: &Params<'_>) -> Look {
         let mut look = Look::default();
-        let (leases, now) = look_at(params);
+        let (leases, now) = look_at(kind, params);
         for lease in leases {
             if !lease.shared {
                 look.exclusive = Some(!lease.free(now));
@@ -135,7 +137,7 @@ pub fn attempt(
     request: &Request<'_>,
     params: &mut Params<'_>,
 ) -> Result<Attempt, LockError> {
-    let look = Look::read(params);
+    let look = Look::read(request.kind, params);
     let exclusive_held = look.exclusive == Some(true);
     let others = look.others;
     let wrong_kind = |is| LockError::WrongKind {
