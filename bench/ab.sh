@@ -2,7 +2,8 @@
 # Two builds of lockext.so, side by side on one scratch cluster: the library is swapped (and
 # the server restarted) between runs, in rounds, so that the machine's drift hits both.
 #   bash bench/ab.sh A.so B.so [rounds]     (each .so from `cargo pgrx package`; AB_CLIENTS="1 16")
-# Prints cycles/s of bench/pgbench/cycle_lockext.sql per build, mode and client count, and
+# Prints cycles/s of bench/pgbench/cycle_lockext.sql (AB_SCRIPT=shared_lockext: another script)
+# per build, mode and client count, and
 # leaves the installed library as it found it. For a CPU profile of one build, see
 # docs/profile-2026-12-01.md.
 set -euo pipefail
@@ -29,7 +30,7 @@ for round in $(seq "$ROUNDS"); do
       [ "$mode" = epoch ] && opts="-c lockext.durability=epoch -c synchronous_commit=off"
       for c in ${AB_CLIENTS:-1 16}; do
         tps=$(PGOPTIONS="$opts" $PGB -n -M prepared -c "$c" -j 2 -T 8 -D keys=100000 \
-                -h 127.0.0.1 -p "$LOCKEXT_PORT" -U postgres -f bench/pgbench/cycle_lockext.sql postgres \
+                -h 127.0.0.1 -p "$LOCKEXT_PORT" -U postgres -f "bench/pgbench/${AB_SCRIPT:-cycle_lockext}.sql" postgres \
               2>/dev/null | sed -n 's/^tps = \([0-9.]*\).*/\1/p')
         echo "round $round  $(basename "$build")  $mode  $c clients  $tps cycles/s"
       done
