@@ -34,7 +34,7 @@ use crate::statements::{first_value, Statement};
 use crate::text::Text;
 
 static SCHEMA_OWNER: Statement = Statement {
-    sql: "SELECT nspowner FROM pg_catalog.pg_namespace WHERE oid = $1",
+    sql: include_str!("../sql/run/caller/schema_owner.sql"),
     params: &[pg_sys::BuiltinOid::OIDOID],
 };
 

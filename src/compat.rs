@@ -70,7 +70,7 @@ impl Older {
 }
 
 static INSTALLED: Statement = Statement {
-    sql: "SELECT extversion FROM pg_catalog.pg_extension WHERE extname = 'lockext'",
+    sql: include_str!("../sql/run/compat/installed_version.sql"),
     params: &[],
 };
 
@@ -220,25 +220,6 @@ fn is_admin(role: pg_sys::Oid) -> bool {
     admin != pg_sys::InvalidOid && unsafe { pg_sys::is_member_of_role(role, admin) }
 }
 
-// The caller's own lease, by lock id and owner, in either table: extended when live.
-macro_rules! renew_own_sql {
-    ($table:literal, $renewals:literal) => {
-        concat!(
-            "UPDATE ",
-            $table,
-            " AS l SET expires_at = $5 + $4",
-            $renewals,
-            " FROM (SELECT lock_id, owner FROM ",
-            $table,
-            " WHERE lock_id = $1 AND owner = $2 AND expires_at > $5 AND holder_role = $3 \
-                AND ($6::bigint IS NULL OR fence_token = $6) \
-                FOR UPDATE SKIP LOCKED) AS c \
-             WHERE l.lock_id = c.lock_id AND l.owner = c.owner \
-             RETURNING l.expires_at"
-        )
-    };
-}
-
 const RENEW_PARAMS: &[pg_sys::PgBuiltInOids] = &[
     TEXTOID,
     TEXTOID,
@@ -249,66 +230,43 @@ const RENEW_PARAMS: &[pg_sys::PgBuiltInOids] = &[
 ];
 // 0.1.0 has no shared leases and counts no renewals.
 static RENEW_0_1: [Statement; 1] = [Statement {
-    sql: renew_own_sql!("lockext.locks", ""),
+    sql: include_str!("../sql/run/compat/renew_lock_0_1.sql"),
     params: RENEW_PARAMS,
 }];
 static RENEW_0_2: [Statement; 2] = [
     Statement {
-        sql: renew_own_sql!("lockext.locks", ", renewals = l.renewals + 1"),
+        sql: include_str!("../sql/run/compat/renew_lock_0_2.sql"),
         params: RENEW_PARAMS,
     },
     Statement {
-        sql: renew_own_sql!("lockext.shared_leases", ", renewals = l.renewals + 1"),
+        sql: include_str!("../sql/run/compat/renew_shared_lease_0_2.sql"),
         params: RENEW_PARAMS,
     },
 ];
-
-// The caller's own row, live or not (deleting a dead one is cleanup), and whether it was
-// live: only then did the caller hold the lock.
-macro_rules! release_own_sql {
-    ($table:literal) => {
-        concat!(
-            "DELETE FROM ",
-            $table,
-            " AS l USING (SELECT lock_id, owner, expires_at > $4 AS live FROM ",
-            $table,
-            " WHERE lock_id = $1 AND owner = $2 AND holder_role = $3 \
-                AND ($5::bigint IS NULL OR fence_token = $5) \
-                FOR UPDATE SKIP LOCKED) AS c \
-             WHERE l.lock_id = c.lock_id AND l.owner = c.owner \
-             RETURNING c.live, l.fence_token"
-        )
-    };
-}
 
 const RELEASE_PARAMS: &[pg_sys::PgBuiltInOids] =
     &[TEXTOID, TEXTOID, OIDOID, TIMESTAMPTZOID, INT8OID];
 static RELEASE_0_1: [Statement; 1] = [Statement {
-    sql: release_own_sql!("lockext.locks"),
+    sql: include_str!("../sql/run/compat/release_lock.sql"),
     params: RELEASE_PARAMS,
 }];
 static RELEASE_0_2: [Statement; 2] = [
     Statement {
-        sql: release_own_sql!("lockext.locks"),
+        sql: include_str!("../sql/run/compat/release_lock.sql"),
         params: RELEASE_PARAMS,
     },
     Statement {
-        sql: release_own_sql!("lockext.shared_leases"),
+        sql: include_str!("../sql/run/compat/release_shared_lease.sql"),
         params: RELEASE_PARAMS,
     },
 ];
 
-// Whether another role's lease matches, for an administrator's renew or release.
 static OTHERS_0_1: Statement = Statement {
-    sql: "SELECT EXISTS (SELECT FROM lockext.locks WHERE lock_id = $1 AND owner = $2 \
-                            AND holder_role <> $3 AND ($4::bigint IS NULL OR fence_token = $4))",
+    sql: include_str!("../sql/run/compat/others_lease_0_1.sql"),
     params: &[TEXTOID, TEXTOID, OIDOID, INT8OID],
 };
 static OTHERS_0_2: Statement = Statement {
-    sql: "SELECT EXISTS (SELECT FROM lockext.locks WHERE lock_id = $1 AND owner = $2 \
-                            AND holder_role <> $3 AND ($4::bigint IS NULL OR fence_token = $4)) \
-              OR EXISTS (SELECT FROM lockext.shared_leases WHERE lock_id = $1 AND owner = $2 \
-                            AND holder_role <> $3 AND ($4::bigint IS NULL OR fence_token = $4))",
+    sql: include_str!("../sql/run/compat/others_lease_0_2.sql"),
     params: &[TEXTOID, TEXTOID, OIDOID, INT8OID],
 };
 
@@ -521,17 +479,11 @@ fn release(
 // ---- lock_check: served ------------------------------------------------------------
 
 static LIVE_0_1: Statement = Statement {
-    sql: "SELECT EXISTS (SELECT FROM lockext.locks \
-                          WHERE lock_id = $1 AND fence_token = $2 AND expires_at > clock_timestamp()) \
-             AS live",
+    sql: include_str!("../sql/run/compat/lock_check_0_1.sql"),
     params: &[TEXTOID, INT8OID],
 };
 static LIVE_0_2: Statement = Statement {
-    sql: "SELECT EXISTS (SELECT FROM lockext.locks \
-                          WHERE lock_id = $1 AND fence_token = $2 AND expires_at > clock_timestamp()) \
-              OR EXISTS (SELECT FROM lockext.shared_leases \
-                          WHERE lock_id = $1 AND fence_token = $2 AND expires_at > clock_timestamp()) \
-             AS live",
+    sql: include_str!("../sql/run/compat/lock_check_0_2.sql"),
     params: &[TEXTOID, INT8OID],
 };
 
@@ -565,22 +517,13 @@ fn lock_check(lock_id: Option<Text<'_>>, fence_token: Option<i64>) -> bool {
 
 // ---- fencing: served ----------------------------------------------------------------
 
-// The high-water mark alone: older SQL's resources have no lock to be bound to. Equal
-// tokens are accepted (the same grant writing again); $4: replace the stored document.
 static ADVANCE_OLDER: Statement = Statement {
-    sql: "INSERT INTO lockext.resources AS r (resource_id, fence_token, data, updated_at) \
-          VALUES ($1, $2, $3, clock_timestamp()) \
-          ON CONFLICT (resource_id) DO UPDATE \
-             SET fence_token = EXCLUDED.fence_token, \
-                 data = CASE WHEN $4 THEN EXCLUDED.data ELSE r.data END, \
-                 updated_at = EXCLUDED.updated_at \
-           WHERE r.fence_token <= EXCLUDED.fence_token \
-          RETURNING true",
+    sql: include_str!("../sql/run/compat/advance_mark.sql"),
     params: &[TEXTOID, INT8OID, JSONBOID, BOOLOID],
 };
 
 static MARK: Statement = Statement {
-    sql: "SELECT fence_token FROM lockext.resources WHERE resource_id = $1",
+    sql: include_str!("../sql/run/compat/read_mark.sql"),
     params: &[TEXTOID],
 };
 
@@ -656,12 +599,9 @@ fn advance(
     Ok(accepted)
 }
 
-// What the older versions can have handed out: the epoch row, and the counter. Read under
-// the newest snapshot, so that a token another backend's older library (a session that
-// predates the package) minted under a new epoch is known the moment it is committed.
+// Read under the newest snapshot (`read_latest`): why, in the file's header.
 static ISSUED: Statement = Statement {
-    sql: "SELECT (SELECT epoch::bigint FROM lockext.token_epoch) AS epoch, is_called, last_value \
-            FROM lockext.fence_token_seq",
+    sql: include_str!("../sql/run/compat/issued.sql"),
     params: &[],
 };
 

@@ -163,14 +163,12 @@ fn clear_reserving(key: Key) {
 }
 
 static READ_SEQUENCE: Statement = Statement {
-    sql: "SELECT CASE WHEN s.is_called THEN s.last_value ELSE 0 END AS counter, q.seqmax AS max \
-            FROM lockext.fence_token_seq s, pg_catalog.pg_sequence q \
-           WHERE q.seqrelid = $1",
+    sql: include_str!("../sql/run/counter/read_sequence.sql"),
     params: &[OIDOID],
 };
 
 static MOVE_RESERVATION: Statement = Statement {
-    sql: "SELECT pg_catalog.setval($1::pg_catalog.regclass, $2)",
+    sql: include_str!("../sql/run/counter/move_reservation.sql"),
     params: &[OIDOID, INT8OID],
 };
 

@@ -13,7 +13,6 @@ use crate::grant::{
     clear_dead, look_at, millis, take, Attempt, Granted, Kind, Params, Request, ACQUIRE_PARAMS,
     CLEAR_DEAD_SHARED,
 };
-use crate::sql::{grant_returning, grant_sets};
 use crate::statements::Statement;
 
 /// What an exclusive acquire sees of its lock id (`grant::look`), by the call's clock.
@@ -56,36 +55,13 @@ impl Look {
     }
 }
 
-// Takes over an expired lease, or extends the caller's own live one (same grant, same
-// token). Either way in place: there is no moment at which the lock id has no row.
 static TAKE_OVER: Statement = Statement {
-    sql: concat!(
-        "UPDATE lockext.locks AS l SET ",
-        grant_sets!(),
-        " FROM (SELECT lock_id, fence_token AS old_token, \
-                        expires_at > $5 AND owner = $2 AND holder_role = $3 AS same_grant \
-                   FROM lockext.locks \
-                  WHERE lock_id = $1 \
-                    AND (expires_at + lock_delay <= $5 OR (owner = $2 AND holder_role = $3)) \
-                    FOR UPDATE SKIP LOCKED) AS c \
-          WHERE l.lock_id = c.lock_id",
-        grant_returning!(),
-        "NOT c.same_grant AS minted, c.old_token AS previous_token"
-    ),
+    sql: include_str!("../sql/run/exclusive/take_over.sql"),
     params: ACQUIRE_PARAMS,
 };
 
 static INSERT_NEW: Statement = Statement {
-    sql: concat!(
-        "INSERT INTO lockext.locks AS l \
-                (lock_id, owner, holder_role, fence_token, acquired_at, expires_at, renewals, \
-                 lock_delay, session_start, taker_pid, application_name, client_addr) \
-         VALUES ($1, $2, $3, $6, $5, $5 + $4, 0, $7, $8, pg_backend_pid(), current_setting('application_name'), \
-           inet_client_addr()) \
-         ON CONFLICT (lock_id) DO NOTHING",
-        grant_returning!(),
-        "true AS minted, NULL::bigint AS previous_token"
-    ),
+    sql: include_str!("../sql/run/exclusive/insert_new.sql"),
     params: ACQUIRE_PARAMS,
 };
 

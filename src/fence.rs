@@ -27,87 +27,41 @@ use crate::text::{Jsonb, Text, TextBuf};
 use crate::token;
 use crate::xact;
 
-// Check and write are one statement: ON CONFLICT takes the resource's row lock, so two
-// writers of one resource run one after the other, and the second sees the first's token.
-// Equal tokens are accepted: that is the same grant writing again. $4 says whether the
-// write replaces the stored document (fenced_update) or only the token (fence). A resource
-// bound to a lock also demands that the token be that lock's live exclusive grant, by the
-// server's clock: no other lock's token, however new, can move its mark, and a holder
-// whose lease has run out is refused at once, not only once its successor has written.
-// The grant must also be the writer's own (taken by the calling role, $5): its token is
-// no secret (lockext.locks is readable by everyone), so a token alone proves nothing.
-// That check runs once the row is locked, under the newest snapshot
-// (`exclusive_grant_live`): the statement's own snapshot would still show a grant
-// released while the writer waited for the row, or since a REPEATABLE READ transaction
-// began. (CASE, not OR: an unbound resource must not pay for it.)
+// The check and the write are one statement (why, and what a bound resource demands: the
+// file's header).
 static ADVANCE: Statement = Statement {
-    sql: "INSERT INTO lockext.resources AS r (resource_id, fence_token, data, updated_at) \
-          VALUES ($1, $2, $3, clock_timestamp()) \
-          ON CONFLICT (resource_id) DO UPDATE \
-             SET fence_token = EXCLUDED.fence_token, \
-                 data = CASE WHEN $4 THEN EXCLUDED.data ELSE r.data END, \
-                 updated_at = EXCLUDED.updated_at \
-           WHERE r.fence_token <= EXCLUDED.fence_token \
-             AND CASE WHEN r.lock_id IS NULL THEN true \
-                      ELSE lockext.exclusive_grant_live(r.lock_id, EXCLUDED.fence_token, $5) END \
-          RETURNING true",
+    sql: include_str!("../sql/run/fence/advance.sql"),
     params: &[TEXTOID, INT8OID, JSONBOID, BOOLOID, OIDOID],
 };
 
-// Binds (or, $2 NULL, unbinds) a resource. A resource bound to another lock than before
-// starts again from mark 0: a mark left by any other lock's token (any member may have
-// raised it before the binding) would refuse the lock's holder.
 static BIND: Statement = Statement {
-    sql:
-        "INSERT INTO lockext.resources AS r (resource_id, fence_token, data, updated_at, lock_id) \
-          VALUES ($1, 0, NULL, clock_timestamp(), $2) \
-          ON CONFLICT ON CONSTRAINT resources_pkey DO UPDATE \
-             SET lock_id = EXCLUDED.lock_id, \
-                 fence_token = CASE WHEN EXCLUDED.lock_id IS NOT NULL \
-                                     AND r.lock_id IS DISTINCT FROM EXCLUDED.lock_id \
-                                    THEN 0 ELSE r.fence_token END",
+    sql: include_str!("../sql/run/fence/bind.sql"),
     params: &[TEXTOID, TEXTOID],
 };
 
-// What made a refused fence stale: the mark, or for a bound resource whose mark is not
-// higher, the token itself (it is not the lock's live grant: lockext.fence says so).
 static HIGH_WATER_MARK: Statement = Statement {
-    sql: "SELECT greatest(fence_token, $2) FROM lockext.resources WHERE resource_id = $1",
+    sql: include_str!("../sql/run/fence/high_water_mark.sql"),
     params: &[TEXTOID, INT8OID],
 };
 
-// Read under the newest snapshot (`Statement::read_latest`): whether a grant is live now,
-// whatever the caller's snapshot says.
+// Read under the newest snapshot (`Statement::read_latest`), as are the next two.
 static EXCLUSIVE_GRANT_LIVE: Statement = Statement {
-    sql: "SELECT EXISTS (SELECT FROM lockext.locks \
-                          WHERE lock_id = $1 AND fence_token = $2 AND holder_role = $3 \
-                            AND expires_at > clock_timestamp()) AS live",
+    sql: include_str!("../sql/run/fence/exclusive_grant_live.sql"),
     params: &[TEXTOID, INT8OID, OIDOID],
 };
 
-// The same for a reader of a bound resource: a live lease of any kind, of the caller's.
 static OWN_LEASE_LIVE: Statement = Statement {
-    sql: "SELECT EXISTS (SELECT FROM lockext.locks \
-                          WHERE lock_id = $1 AND fence_token = $2 AND holder_role = $3 \
-                            AND expires_at > clock_timestamp()) \
-              OR EXISTS (SELECT FROM lockext.shared_leases \
-                          WHERE lock_id = $1 AND fence_token = $2 AND holder_role = $3 \
-                            AND expires_at > clock_timestamp()) AS live",
+    sql: include_str!("../sql/run/fence/own_lease_live.sql"),
     params: &[TEXTOID, INT8OID, OIDOID],
 };
 
-// A reader's look at the resource, keeping its row share-locked to the end of the reader's
-// transaction (a writer's fence then waits for it).
 static READ_MARK: Statement = Statement {
-    sql: "SELECT fence_token, lock_id FROM lockext.resources WHERE resource_id = $1 FOR SHARE",
+    sql: include_str!("../sql/run/fence/read_mark.sql"),
     params: &[TEXTOID],
 };
 
 static LEASE_IS_LIVE: Statement = Statement {
-    sql: "SELECT EXISTS (SELECT FROM lockext.locks \
-                          WHERE lock_id = $1 AND fence_token = $2 AND expires_at > clock_timestamp()) \
-              OR EXISTS (SELECT FROM lockext.shared_leases \
-                          WHERE lock_id = $1 AND fence_token = $2 AND expires_at > clock_timestamp()) AS live",
+    sql: include_str!("../sql/run/fence/lease_is_live.sql"),
     params: &[TEXTOID, INT8OID],
 };
 

@@ -17,7 +17,6 @@ use crate::backend;
 use crate::error::{self, LockError};
 use crate::session;
 use crate::settings;
-use crate::sql::{clear_dead_sql, grant_returning, grant_sets};
 use crate::statements::{first_value, Statement};
 use crate::text::{Text, TextBuf};
 use crate::token;
@@ -85,29 +84,19 @@ pub(crate) const ACQUIRE_PARAMS: &[pg_sys::PgBuiltInOids] = &[
 
 /// Before an exclusive grant: every dead shared lease and permit of the lock id.
 pub static CLEAR_DEAD_SHARED: Statement = Statement {
-    sql: clear_dead_sql!(
-        "lockext.shared_leases",
-        "lock_id, owner",
-        "t.lock_id = dead.lock_id AND t.owner = dead.owner",
-        ""
-    ),
+    sql: include_str!("../sql/run/grant/clear_dead_shared.sql"),
     params: ACQUIRE_PARAMS,
 };
 
 /// Before a shared lease or a permit: the dead exclusive lease of the lock id.
 pub static CLEAR_DEAD_EXCLUSIVE: Statement = Statement {
-    sql: clear_dead_sql!("lockext.locks", "lock_id", "t.lock_id = dead.lock_id", ""),
+    sql: include_str!("../sql/run/grant/clear_dead_exclusive.sql"),
     params: ACQUIRE_PARAMS,
 };
 
 /// Before a permit in slot $10: the dead permits of others in that slot.
 pub static CLEAR_DEAD_SLOT: Statement = Statement {
-    sql: clear_dead_sql!(
-        "lockext.shared_leases",
-        "lock_id, owner",
-        "t.lock_id = dead.lock_id AND t.owner = dead.owner",
-        "AND slot = $10 AND NOT (owner = $2 AND holder_role = $3)"
-    ),
+    sql: include_str!("../sql/run/grant/clear_dead_slot.sql"),
     params: ACQUIRE_PARAMS,
 };
 
@@ -125,42 +114,16 @@ pub fn clear_dead(
     Ok(cleared.is_some())
 }
 
-// Read under the newest snapshot (`Statement::read_latest_all`), after passing the gate:
-// every lease of the lock id, of either table, as plain by-value columns. Each kind sums
-// them up its own way (`lease.rs`, `shared.rs`): one append of two index probes starts
-// faster in the executor than joins and aggregates that summed them up in SQL
-// (docs/profile-2026-12-01.md).
+// The look: read under the newest snapshot (`Statement::read_latest_all`), after passing
+// the gate; each kind sums its rows up its own way (`exclusive.rs`, `shared.rs`).
 static LOOK: Statement = Statement {
-    sql: "SELECT false AS shared, expires_at, lockext.free_at(expires_at, lock_delay) AS free_at, \
-                 owner = $2 AND holder_role = $3 AS mine, owner = $2 AS owner_named, \
-                 NULL::integer AS permits \
-            FROM lockext.locks WHERE lock_id = $1 \
-          UNION ALL \
-          SELECT true, expires_at, lockext.free_at(expires_at, lock_delay), \
-                 owner = $2 AND holder_role = $3, owner = $2, permits \
-            FROM lockext.shared_leases WHERE lock_id = $1",
+    sql: include_str!("../sql/run/grant/look.sql"),
     params: ACQUIRE_PARAMS,
 };
 
-// A shared acquire's look: the exclusive lease, the caller's own row, and one live permit
-// of someone else's if there is any (then the id is a semaphore). Not every shared lease of
-// the id: a shared acquire does not depend on the others, and reading them all made it cost
-// as much as there were holders.
+// The same, read the same way, for a shared acquire.
 static LOOK_SHARED: Statement = Statement {
-    sql: "SELECT false AS shared, expires_at, lockext.free_at(expires_at, lock_delay) AS free_at, \
-                 owner = $2 AND holder_role = $3 AS mine, owner = $2 AS owner_named, \
-                 NULL::integer AS permits \
-            FROM lockext.locks WHERE lock_id = $1 \
-          UNION ALL \
-          SELECT true, expires_at, lockext.free_at(expires_at, lock_delay), holder_role = $3, true, \
-                 permits \
-            FROM lockext.shared_leases WHERE lock_id = $1 AND owner = $2 \
-          UNION ALL \
-          (SELECT true, expires_at, lockext.free_at(expires_at, lock_delay), false, false, permits \
-             FROM lockext.shared_leases \
-            WHERE lock_id = $1 AND permits IS NOT NULL AND owner <> $2 \
-              AND expires_at + lock_delay > $5 \
-            LIMIT 1)",
+    sql: include_str!("../sql/run/grant/look_shared.sql"),
     params: ACQUIRE_PARAMS,
 };
 
@@ -326,31 +289,14 @@ impl<'a> Request<'a> {
 /// free unless its holders renew.
 pub type Attempt = (Option<Granted>, Option<Duration>);
 
-// Extends the caller's own live lease, the same grant; never takes anything new.
-macro_rules! extend_sql {
-    ($table:literal) => {
-        concat!(
-            "UPDATE ", $table, " AS l SET ",
-            grant_sets!(),
-            " FROM (SELECT lock_id, owner, fence_token AS old_token, true AS same_grant \
-                      FROM ", $table, " \
-                     WHERE lock_id = $1 AND owner = $2 AND holder_role = $3 AND expires_at > $5 \
-                       FOR UPDATE SKIP LOCKED) AS c \
-              WHERE l.lock_id = c.lock_id AND l.owner = c.owner",
-            grant_returning!(),
-            "false AS minted, c.old_token AS previous_token"
-        )
-    };
-}
-
 // By `Table`.
 static EXTEND: [Statement; 2] = [
     Statement {
-        sql: extend_sql!("lockext.locks"),
+        sql: include_str!("../sql/run/grant/extend_lock.sql"),
         params: ACQUIRE_PARAMS,
     },
     Statement {
-        sql: extend_sql!("lockext.shared_leases"),
+        sql: include_str!("../sql/run/grant/extend_shared_lease.sql"),
         params: ACQUIRE_PARAMS,
     },
 ];
@@ -461,7 +407,8 @@ fn grant_type() -> Result<pg_sys::Oid, LockError> {
     Ok(oid)
 }
 
-/// The grant from an acquire statement's RETURNING (`grant_returning!`), if any.
+/// The grant from an acquire statement's RETURNING (sql/run/exclusive/take_over.sql's
+/// columns), if any.
 fn grant_row(rows: pgrx::spi::SpiTupleTable<'_>) -> Result<Option<Granted>, LockError> {
     if rows.is_empty() {
         return Ok(None);

@@ -77,73 +77,30 @@ const RENEW_PARAMS: &[pg_sys::PgBuiltInOids] = &[
     INTERVALOID,
 ];
 
-// Renew and release find the caller's lease by lock id and owner, in either table.
-macro_rules! renew_sql {
-    ($table:literal) => {
-        concat!(
-            "UPDATE ",
-            $table,
-            " AS l SET expires_at = $4 + $6, renewals = l.renewals + 1 \
-               FROM (SELECT lock_id, owner FROM ",
-            $table,
-            " \
-                      WHERE lock_id = $1 AND owner = $2 AND expires_at > $4 \
-                        AND (holder_role = $3 OR pg_has_role($3, 'lockext_admin', 'MEMBER')) \
-                        AND ($5::bigint IS NULL OR fence_token = $5) \
-                        FOR UPDATE SKIP LOCKED) AS c \
-              WHERE l.lock_id = c.lock_id AND l.owner = c.owner \
-             RETURNING l.expires_at"
-        )
-    };
-}
-
 static RENEW: [Statement; 2] = [
     Statement {
-        sql: renew_sql!("lockext.locks"),
+        sql: include_str!("../sql/run/lease/renew_lock.sql"),
         params: RENEW_PARAMS,
     },
     Statement {
-        sql: renew_sql!("lockext.shared_leases"),
+        sql: include_str!("../sql/run/lease/renew_shared_lease.sql"),
         params: RENEW_PARAMS,
     },
 ];
-
-// Deletes the caller's row whether or not it has expired (that is only cleanup), and
-// reports whether the lease was still live: only then did the caller hold the lock.
-macro_rules! release_sql {
-    ($table:literal) => {
-        concat!(
-            "DELETE FROM ",
-            $table,
-            " AS l \
-              USING (SELECT lock_id, owner, expires_at > $4 AS live FROM ",
-            $table,
-            " \
-                      WHERE lock_id = $1 AND owner = $2 \
-                        AND (holder_role = $3 OR pg_has_role($3, 'lockext_admin', 'MEMBER')) \
-                        AND ($5::bigint IS NULL OR fence_token = $5) \
-                        FOR UPDATE SKIP LOCKED) AS c \
-              WHERE l.lock_id = c.lock_id AND l.owner = c.owner \
-             RETURNING c.live, l.fence_token"
-        )
-    };
-}
 
 static RELEASE: [Statement; 2] = [
     Statement {
-        sql: release_sql!("lockext.locks"),
+        sql: include_str!("../sql/run/lease/release_lock.sql"),
         params: HELD_PARAMS,
     },
     Statement {
-        sql: release_sql!("lockext.shared_leases"),
+        sql: include_str!("../sql/run/lease/release_shared_lease.sql"),
         params: HELD_PARAMS,
     },
 ];
 
-// NOTIFY lockext '{"event": ..., "lock_id": ..., "fence_token": ..., ...}', sent at commit.
 static NOTIFY: Statement = Statement {
-    sql: "SELECT pg_notify('lockext', json_build_object('event', $1, 'lock_id', $2, 'fence_token', $3, \
-                                                       'previous_fence_token', $4)::text)",
+    sql: include_str!("../sql/run/lease/notify.sql"),
     params: &[TEXTOID, TEXTOID, INT8OID, INT8OID],
 };
 
@@ -460,17 +417,9 @@ pub fn release_valid(
     Ok(released)
 }
 
-// Is the caller's lease live (by the clock of the call, $4), in either table, under the
-// newest snapshot? Parameters as RELEASE's (`Held`).
+// Read under the newest snapshot (`read_latest`). Parameters as RELEASE's (`Held`).
 static HELD_BY_CALLER: Statement = Statement {
-    sql: "SELECT EXISTS (SELECT FROM lockext.locks \
-                          WHERE lock_id = $1 AND owner = $2 AND expires_at > $4 \
-                            AND (holder_role = $3 OR pg_has_role($3, 'lockext_admin', 'MEMBER')) \
-                            AND ($5::bigint IS NULL OR fence_token = $5)) \
-              OR EXISTS (SELECT FROM lockext.shared_leases \
-                          WHERE lock_id = $1 AND owner = $2 AND expires_at > $4 \
-                            AND (holder_role = $3 OR pg_has_role($3, 'lockext_admin', 'MEMBER')) \
-                            AND ($5::bigint IS NULL OR fence_token = $5)) AS held",
+    sql: include_str!("../sql/run/lease/held_by_caller.sql"),
     params: HELD_PARAMS,
 };
 

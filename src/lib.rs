@@ -21,7 +21,6 @@ mod session;
 mod sets;
 mod settings;
 mod shared;
-mod sql;
 mod statements;
 mod stats;
 mod status;

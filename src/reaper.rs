@@ -30,7 +30,6 @@ use pgrx::prelude::*;
 use crate::backend;
 use crate::error::LockError;
 use crate::settings;
-use crate::sql::{end_sessions_in, with_events};
 use crate::statements::Statement;
 use crate::status::Reporter;
 use crate::text::TextBuf;
@@ -62,104 +61,35 @@ fn free_at(expires_at: TimestampWithTimeZone, lock_delay: Interval) -> Timestamp
     })
 }
 
-// Oldest first, through the index on when a lease's lock is free (`free_at`: its expiry
-// plus its lock-delay), with the batch's clock ($3, read once) as an index condition, so
-// the scan stops at the first lease not yet free: a batch reads what it may delete, not
-// every lease, live or in its lock-delay (clock_timestamp() is volatile, and would make it
-// a filter over the whole index). FOR UPDATE re-checks on the newest version of each row,
-// so a lease renewed a moment ago is left alone.
-macro_rules! reap_expired_sql {
-    ($table:literal) => {
-        concat!(
-            "reaped AS (DELETE FROM ",
-            $table,
-            " AS l \
-              USING (SELECT lock_id, owner FROM ",
-            $table,
-            " \
-                      WHERE lockext.free_at(expires_at, lock_delay) <= $3 \
-                      ORDER BY lockext.free_at(expires_at, lock_delay) \
-                      LIMIT $1 \
-                        FOR UPDATE SKIP LOCKED) AS doomed \
-              WHERE l.lock_id = doomed.lock_id AND l.owner = doomed.owner \
-             RETURNING l.lock_id, l.fence_token)"
-        )
-    };
-}
-
-// What one batch deletes, $1 leases at most per statement: expired exclusive leases,
-// expired shared leases and permits.
+// What one batch deletes: expired exclusive leases, expired shared leases and permits.
 static REAP: [Statement; 2] = [
     Statement {
-        sql: with_events!("expired", "$2", reap_expired_sql!("lockext.locks")),
+        sql: include_str!("../sql/run/reaper/reap_locks.sql"),
         params: &[INT4OID, BOOLOID, TIMESTAMPTZOID],
     },
     Statement {
-        sql: with_events!("expired", "$2", reap_expired_sql!("lockext.shared_leases")),
+        sql: include_str!("../sql/run/reaper/reap_shared_leases.sql"),
         params: &[INT4OID, BOOLOID, TIMESTAMPTZOID],
     },
 ];
 
-// And session-bound leases whose session has ended without releasing them (the backend
-// crashed, or its exit could not), in two steps. Whether a session lives is read from the
-// backend table, which a transaction reads once and keeps: judged with that copy, a row
-// that a new session of the same owner re-acquired since (FOR UPDATE then sees its new
-// version) would look dead, and be deleted while its session lives. So the first step
-// only locks the rows that look dead, and the second, with the copy read again after the
-// locks are held, deletes those of them that still look dead: no session can take over a
-// locked row in between. The backend table is read once per statement, as one anti-join
-// (not one pg_stat_get_activity call per lease).
-macro_rules! session_gone {
-    () => {
-        "NOT EXISTS (SELECT FROM pg_catalog.pg_stat_get_activity(NULL) AS a \
-                      WHERE a.pid = s.taker_pid AND a.backend_start = s.session_start)"
-    };
-}
-
+// And session-bound leases whose session has ended without releasing them, in two steps
+// (why two: lock_ended_sessions.sql): lock the rows that look dead, then delete those of
+// them that still look dead.
 static LOCK_ENDED_SESSIONS: Statement = Statement {
-    sql: concat!(
-        "WITH x AS (SELECT lock_id, owner FROM lockext.locks AS s \
-                     WHERE s.session_start IS NOT NULL AND ",
-        session_gone!(),
-        " \
-                     LIMIT $1 FOR UPDATE SKIP LOCKED), \
-              sh AS (SELECT lock_id, owner FROM lockext.shared_leases AS s \
-                      WHERE s.session_start IS NOT NULL AND ",
-        session_gone!(),
-        " \
-                      LIMIT $1 FOR UPDATE SKIP LOCKED) \
-         SELECT (SELECT array_agg(lock_id) FROM x), (SELECT array_agg(owner) FROM x), \
-                (SELECT array_agg(lock_id) FROM sh), (SELECT array_agg(owner) FROM sh)"
-    ),
+    sql: include_str!("../sql/run/reaper/lock_ended_sessions.sql"),
     params: &[INT4OID],
 };
 
 static END_LOCKED_SESSIONS: Statement = Statement {
-    sql: with_events!(
-        "session_ended",
-        "$1",
-        end_sessions_in!(
-            "x",
-            "lockext.locks",
-            concat!(
-                "(s.lock_id, s.owner) IN (SELECT * FROM unnest($2::text[], $3::text[])) AND ",
-                session_gone!()
-            ),
-            ""
-        ),
-        ", ",
-        end_sessions_in!(
-            "sh",
-            "lockext.shared_leases",
-            concat!(
-                "(s.lock_id, s.owner) IN (SELECT * FROM unnest($4::text[], $5::text[])) AND ",
-                session_gone!()
-            ),
-            ""
-        ),
-        ", reaped AS (SELECT lock_id, fence_token FROM x UNION ALL SELECT lock_id, fence_token FROM sh)"
-    ),
-    params: &[BOOLOID, TEXTARRAYOID, TEXTARRAYOID, TEXTARRAYOID, TEXTARRAYOID],
+    sql: include_str!("../sql/run/reaper/end_locked_sessions.sql"),
+    params: &[
+        BOOLOID,
+        TEXTARRAYOID,
+        TEXTARRAYOID,
+        TEXTARRAYOID,
+        TEXTARRAYOID,
+    ],
 };
 
 pub fn register_launcher() {

@@ -21,26 +21,17 @@ use pgrx::prelude::*;
 use crate::backend;
 use crate::error::LockError;
 use crate::settings;
-use crate::sql::{end_sessions_sql, with_events};
 use crate::statements::Statement;
 use crate::text::TextBuf;
 use crate::xact::in_transaction;
 
-// The exiting backend's own leases ($1 its pid, $2 its start); $3: send events.
 static END_MINE: Statement = Statement {
-    sql: with_events!(
-        "session_ended",
-        "$3",
-        end_sessions_sql!("s.taker_pid = $1 AND s.session_start = $2", "")
-    ),
+    sql: include_str!("../sql/run/session/end_mine.sql"),
     params: &[INT4OID, TIMESTAMPTZOID, BOOLOID],
 };
 
-// The exit runs with the session's settings: no caller's search_path may bend our
-// statements, and a lease's end needs no wait for a flush (a lost one is reaped).
 static EXIT_SETTINGS: Statement = Statement {
-    sql: "SELECT pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true), \
-                 pg_catalog.set_config('synchronous_commit', 'off', true)",
+    sql: include_str!("../sql/run/session/exit_settings.sql"),
     params: &[],
 };
 

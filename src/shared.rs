@@ -25,7 +25,6 @@ use crate::grant::{
     clear_dead, look_at, millis, take, Attempt, Kind, Params, Request, ACQUIRE_PARAMS,
     CLEAR_DEAD_EXCLUSIVE, CLEAR_DEAD_SLOT,
 };
-use crate::sql::{grant_returning, grant_sets};
 use crate::statements::Statement;
 use crate::text::Text;
 
@@ -79,55 +78,23 @@ impl Look {
     }
 }
 
-// The slots of the live permits of others.
 static SLOTS_TAKEN: Statement = Statement {
-    sql: "SELECT slot FROM lockext.shared_leases \
-           WHERE lock_id = $1 AND slot IS NOT NULL AND expires_at + lock_delay > $5 \
-             AND NOT (owner = $2 AND holder_role = $3)",
+    sql: include_str!("../sql/run/shared/slots_taken.sql"),
     params: ACQUIRE_PARAMS,
 };
 
-// Is slot $10 taken by a live permit of someone else's?
 static SLOT_TAKEN: Statement = Statement {
-    sql: "SELECT EXISTS (SELECT FROM lockext.shared_leases \
-                          WHERE lock_id = $1 AND slot = $10 AND expires_at + lock_delay > $5 \
-                            AND NOT (owner = $2 AND holder_role = $3)) AS taken",
+    sql: include_str!("../sql/run/shared/slot_taken.sql"),
     params: ACQUIRE_PARAMS,
 };
 
-// The caller's own row: extended when live (same grant, same slot), renewed with a new
-// token (and the slot just claimed) when not. A row of the same owner name but another
-// role is taken only once it is free.
 static TAKE_OVER: Statement = Statement {
-    sql: concat!(
-        "UPDATE lockext.shared_leases AS l \
-            SET permits = $9, slot = CASE WHEN c.same_grant THEN l.slot ELSE $10 END, ",
-        grant_sets!(),
-        " FROM (SELECT lock_id, owner, fence_token AS old_token, \
-                        expires_at > $5 AND holder_role = $3 AS same_grant \
-                   FROM lockext.shared_leases \
-                  WHERE lock_id = $1 AND owner = $2 \
-                    AND (holder_role = $3 OR expires_at + lock_delay <= $5) \
-                    FOR UPDATE SKIP LOCKED) AS c \
-          WHERE l.lock_id = c.lock_id AND l.owner = c.owner",
-        grant_returning!(),
-        "NOT c.same_grant AS minted, c.old_token AS previous_token"
-    ),
+    sql: include_str!("../sql/run/shared/take_over.sql"),
     params: ACQUIRE_PARAMS,
 };
 
 static INSERT_NEW: Statement = Statement {
-    sql: concat!(
-        "INSERT INTO lockext.shared_leases AS l \
-                (lock_id, owner, permits, slot, holder_role, fence_token, acquired_at, \
-                 expires_at, renewals, lock_delay, session_start, taker_pid, application_name, \
-                 client_addr) \
-         VALUES ($1, $2, $9, $10, $3, $6, $5, $5 + $4, 0, $7, $8, pg_backend_pid(), current_setting('application_name'), \
-           inet_client_addr()) \
-         ON CONFLICT (lock_id, owner) DO NOTHING",
-        grant_returning!(),
-        "true AS minted, NULL::bigint AS previous_token"
-    ),
+    sql: include_str!("../sql/run/shared/insert_new.sql"),
     params: ACQUIRE_PARAMS,
 };
 

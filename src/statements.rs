@@ -1,12 +1,14 @@
 //! The SQL that lockext runs, prepared once per backend and kept.
 //!
-//! Each statement is a `static Statement`; its text is its identity in the cache (not its
-//! address: the compiler may merge statics whose contents are equal). Values
-//! always travel as parameters, never spliced into the text, and every table is
-//! schema-qualified. Functions and operators are not (`count`, `=`): every path that runs
-//! these statements pins search_path to `pg_catalog, pg_temp` first (lockext's SQL
-//! functions by their SET clause, the reaper and launcher in `reaper.rs`, the exit hook in
-//! `session.rs`), so no caller's or database's search_path can bend them.
+//! Each statement is a `static Statement` whose text is a file of `sql/run/` (one per
+//! statement, `include_str!`-ed by the module that runs it; sql/run/README.md). Its text,
+//! comments included, is its identity in the cache (not its address: the compiler may
+//! merge statics whose contents are equal). Values always travel as parameters, never
+//! spliced into the text, and every table is schema-qualified. Functions and operators are
+//! not (`count`, `=`): every path that runs these statements pins search_path to
+//! `pg_catalog, pg_temp` first (lockext's SQL functions by their SET clause, the reaper and
+//! launcher in `reaper.rs`, the exit hook in `session.rs`), so no caller's or database's
+//! search_path can bend them.
 
 use std::cell::RefCell;
 use std::collections::hash_map::Entry;

@@ -211,28 +211,19 @@ thread_local! {
 
 // ---- statements ----------------------------------------------------------------------
 
-// Read under the newest snapshot: the row and whether this transaction wrote it.
+// Read under the newest snapshot (`read_latest`).
 static READ_ROW: Statement = Statement {
-    sql: "SELECT epoch::bigint AS epoch, layout::bigint AS layout, xmin::text::bigint AS xmin, \
-                 system_identifier, timeline::bigint AS timeline \
-            FROM lockext.token_epoch",
+    sql: include_str!("../sql/run/token/read_row.sql"),
     params: &[],
 };
 
 static WRITE_ROW: Statement = Statement {
-    sql: "INSERT INTO lockext.token_epoch AS t \
-                 (singleton, epoch, layout, system_identifier, timeline, database, raised_at) \
-          VALUES (true, $1, $2, $3, $4, $5, clock_timestamp()) \
-          ON CONFLICT (singleton) DO UPDATE \
-             SET epoch = EXCLUDED.epoch, layout = EXCLUDED.layout, \
-                 system_identifier = EXCLUDED.system_identifier, timeline = EXCLUDED.timeline, \
-                 database = EXCLUDED.database, raised_at = EXCLUDED.raised_at \
-           WHERE t.epoch < EXCLUDED.epoch OR t.layout <> EXCLUDED.layout",
+    sql: include_str!("../sql/run/token/write_row.sql"),
     params: &[INT4OID, INT2OID, INT8OID, INT4OID, OIDOID],
 };
 
 static LAST_COUNTER: Statement = Statement {
-    sql: "SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM lockext.fence_token_seq",
+    sql: include_str!("../sql/run/token/last_counter.sql"),
     params: &[],
 };
 
@@ -262,13 +253,9 @@ fn read_row() -> Option<Row> {
     })
 }
 
-// The highest token in lockext's own tables. It travels with dumps even when the epoch row
-// does not (its first write was still uncommitted when the dump was taken, or the dump was
-// of these tables only), so a new era also starts above it.
+// Read under the newest snapshot (`read_latest`).
 static HIGHEST_KEPT: Statement = Statement {
-    sql: "SELECT greatest((SELECT max(fence_token) FROM lockext.locks), \
-                          (SELECT max(fence_token) FROM lockext.shared_leases), \
-                          (SELECT max(fence_token) FROM lockext.resources)) AS highest",
+    sql: include_str!("../sql/run/token/highest_kept.sql"),
     params: &[],
 };
 

@@ -1,0 +1,13 @@
+-- 0.1.0's lock_renew: the caller's own exclusive lease, by lock id and owner, extended
+-- when live (0.1.0 has no shared leases and counts no renewals).
+-- $1 lock_id, $2 owner, $3 role (the calling role), $4 ttl, $5 now (the call's clock),
+-- $6 fence_token (NULL: whichever grant the caller holds)
+UPDATE lockext.locks AS l
+   SET expires_at = $5 + $4
+  FROM (SELECT lock_id, owner
+          FROM lockext.locks
+         WHERE lock_id = $1 AND owner = $2 AND expires_at > $5 AND holder_role = $3
+           AND ($6::bigint IS NULL OR fence_token = $6)
+           FOR UPDATE SKIP LOCKED) AS c
+ WHERE l.lock_id = c.lock_id AND l.owner = c.owner
+RETURNING l.expires_at

@@ -1,0 +1,14 @@
+-- 0.2.0's lock_renew: the caller's own shared lease or permit, by lock id and owner,
+-- extended when live, its renewals counted.
+-- $1 lock_id, $2 owner, $3 role (the calling role), $4 ttl, $5 now (the call's clock),
+-- $6 fence_token (NULL: whichever grant the caller holds)
+UPDATE lockext.shared_leases AS l
+   SET expires_at = $5 + $4,
+       renewals = l.renewals + 1
+  FROM (SELECT lock_id, owner
+          FROM lockext.shared_leases
+         WHERE lock_id = $1 AND owner = $2 AND expires_at > $5 AND holder_role = $3
+           AND ($6::bigint IS NULL OR fence_token = $6)
+           FOR UPDATE SKIP LOCKED) AS c
+ WHERE l.lock_id = c.lock_id AND l.owner = c.owner
+RETURNING l.expires_at

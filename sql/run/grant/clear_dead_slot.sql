@@ -1,0 +1,26 @@
+-- Before a permit in slot $10: the dead permits of others in that slot.
+-- Dead leases are deleted before a grant that needs them dead, skipping any row that
+-- someone holds locked: a renewal that got there first (it locks the row it extends). The
+-- answer is whether every dead row the statement's snapshot shows is gone; if not, the
+-- grant is refused as if the lease were live. So a renewal and a conflicting grant can
+-- never both succeed: whichever locks the row first wins, and a renewal that comes second
+-- finds its row deleted. (Reading the dead rows without deleting them, as 0.2.0 did, let
+-- a renewal paused after reading the clock revive a lease that a conflicting grant had
+-- already seen expire.)
+-- $1 lock_id, $2 owner, $3 role (the calling role), $4 ttl, $5 now (the call's clock),
+-- $6 token (the new grant's), $7 lock_delay, $8 session_start (NULL: not session-bound),
+-- $9 permits, $10 slot (grant::Params, ACQUIRE_PARAMS: every acquire statement takes all ten)
+WITH dead AS (SELECT lock_id, owner
+                FROM lockext.shared_leases
+               WHERE lock_id = $1 AND expires_at + lock_delay <= $5
+                 AND slot = $10 AND NOT (owner = $2 AND holder_role = $3)
+                 FOR UPDATE SKIP LOCKED),
+     gone AS (DELETE FROM lockext.shared_leases AS t
+               USING dead
+               WHERE t.lock_id = dead.lock_id AND t.owner = dead.owner
+              RETURNING 1)
+SELECT (SELECT count(*) FROM gone) =
+       (SELECT count(*)
+          FROM lockext.shared_leases
+         WHERE lock_id = $1 AND expires_at + lock_delay <= $5
+           AND slot = $10 AND NOT (owner = $2 AND holder_role = $3))

@@ -1,0 +1,15 @@
+-- lock_release: deletes the caller's shared lease or permit (found by lock id and owner) whether or
+-- not it has expired (that is only cleanup), and reports whether the lease was still live:
+-- only then did the caller hold the lock. A lockext_admin member may release another
+-- role's lease.
+-- $1 lock_id, $2 owner, $3 role (the calling role), $4 now (the call's clock),
+-- $5 fence_token (NULL: whichever grant the caller holds) (lease::Held, HELD_PARAMS)
+DELETE FROM lockext.shared_leases AS l
+ USING (SELECT lock_id, owner, expires_at > $4 AS live
+          FROM lockext.shared_leases
+         WHERE lock_id = $1 AND owner = $2
+           AND (holder_role = $3 OR pg_has_role($3, 'lockext_admin', 'MEMBER'))
+           AND ($5::bigint IS NULL OR fence_token = $5)
+           FOR UPDATE SKIP LOCKED) AS c
+ WHERE l.lock_id = c.lock_id AND l.owner = c.owner
+RETURNING c.live, l.fence_token

@@ -1,0 +1,35 @@
+-- The second step (see lock_ended_sessions.sql): of the rows the first step locked, deletes
+-- those whose session still looks dead, with the backend table read again now that the
+-- locks are held, and returns each (lock_id), with an event for LISTENers when asked.
+-- $1 notify (lockext.notify: send events), $2 lock ids and $3 owners of lockext.locks,
+-- $4 lock ids and $5 owners of lockext.shared_leases (the first step's arrays)
+WITH x AS (DELETE FROM lockext.locks AS l
+            USING (SELECT lock_id, owner
+                     FROM lockext.locks AS s
+                    WHERE s.session_start IS NOT NULL
+                      AND (s.lock_id, s.owner) IN (SELECT * FROM unnest($2::text[], $3::text[]))
+                      AND NOT EXISTS (SELECT FROM pg_catalog.pg_stat_get_activity(NULL) AS a
+                                       WHERE a.pid = s.taker_pid
+                                         AND a.backend_start = s.session_start)
+                      FOR UPDATE SKIP LOCKED) AS c
+            WHERE l.lock_id = c.lock_id AND l.owner = c.owner
+           RETURNING l.lock_id, l.fence_token),
+     sh AS (DELETE FROM lockext.shared_leases AS l
+             USING (SELECT lock_id, owner
+                      FROM lockext.shared_leases AS s
+                     WHERE s.session_start IS NOT NULL
+                       AND (s.lock_id, s.owner) IN (SELECT * FROM unnest($4::text[], $5::text[]))
+                       AND NOT EXISTS (SELECT FROM pg_catalog.pg_stat_get_activity(NULL) AS a
+                                        WHERE a.pid = s.taker_pid
+                                          AND a.backend_start = s.session_start)
+                       FOR UPDATE SKIP LOCKED) AS c
+             WHERE l.lock_id = c.lock_id AND l.owner = c.owner
+            RETURNING l.lock_id, l.fence_token),
+     reaped AS (SELECT lock_id, fence_token FROM x
+                UNION ALL
+                SELECT lock_id, fence_token FROM sh)
+SELECT lock_id,
+       CASE WHEN $1 THEN pg_catalog.pg_notify('lockext', pg_catalog.json_build_object(
+           'event', 'session_ended', 'lock_id', lock_id, 'fence_token', fence_token,
+           'previous_fence_token', NULL)::text) END
+  FROM reaped

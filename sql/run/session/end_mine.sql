@@ -1,0 +1,27 @@
+-- The exiting backend's own session-bound leases, of both tables: deletes them and returns
+-- each (lock_id), with an event for LISTENers when asked.
+-- $1 pid (the exiting backend's), $2 its start, $3 notify (lockext.notify: send events)
+WITH x AS (DELETE FROM lockext.locks AS l
+            USING (SELECT lock_id, owner
+                     FROM lockext.locks AS s
+                    WHERE s.session_start IS NOT NULL
+                      AND s.taker_pid = $1 AND s.session_start = $2
+                      FOR UPDATE SKIP LOCKED) AS c
+            WHERE l.lock_id = c.lock_id AND l.owner = c.owner
+           RETURNING l.lock_id, l.fence_token),
+     sh AS (DELETE FROM lockext.shared_leases AS l
+             USING (SELECT lock_id, owner
+                      FROM lockext.shared_leases AS s
+                     WHERE s.session_start IS NOT NULL
+                       AND s.taker_pid = $1 AND s.session_start = $2
+                       FOR UPDATE SKIP LOCKED) AS c
+             WHERE l.lock_id = c.lock_id AND l.owner = c.owner
+            RETURNING l.lock_id, l.fence_token),
+     reaped AS (SELECT lock_id, fence_token FROM x
+                UNION ALL
+                SELECT lock_id, fence_token FROM sh)
+SELECT lock_id,
+       CASE WHEN $3 THEN pg_catalog.pg_notify('lockext', pg_catalog.json_build_object(
+           'event', 'session_ended', 'lock_id', lock_id, 'fence_token', fence_token,
+           'previous_fence_token', NULL)::text) END
+  FROM reaped

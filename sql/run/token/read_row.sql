@@ -1,0 +1,6 @@
+-- The epoch row (run under the newest snapshot), with its xmin: whether this transaction
+-- wrote it.
+-- No parameters.
+SELECT epoch::bigint AS epoch, layout::bigint AS layout, xmin::text::bigint AS xmin,
+       system_identifier, timeline::bigint AS timeline
+  FROM lockext.token_epoch
