@@ -115,15 +115,17 @@ pub fn try_claim_alone(key: &str) -> bool {
 
 /// The lock of this database's token counter reservation (`counter.rs`), held only while one
 /// backend writes and flushes a reservation, and given back right after: the one lock
-/// lockext may wait for, and then only for one WAL flush. None when `wait` is false and
-/// another backend holds it.
-pub fn lock_counter(wait: bool) -> Option<CounterLock> {
+/// lockext may wait for, and then only for one WAL flush.
+pub fn lock_counter() -> CounterLock {
     let tag = tag_of(COUNTER_TAG, 0);
-    let mode = Mode::Exclusive.lockmode();
-    match unsafe { pg_sys::LockAcquire(&tag, mode, false, !wait) } {
-        pg_sys::LockAcquireResult::LOCKACQUIRE_NOT_AVAIL => None,
-        _ => Some(CounterLock(tag)),
-    }
+    unsafe { pg_sys::LockAcquire(&tag, Mode::Exclusive.lockmode(), false, false) };
+    CounterLock(tag)
+}
+
+/// As `lock_counter`, without waiting: None when another backend holds it.
+pub fn try_lock_counter() -> Option<CounterLock> {
+    let tag = tag_of(COUNTER_TAG, 0);
+    try_lock(&tag, Mode::Exclusive).map(|_| CounterLock(tag))
 }
 
 /// Held: see `lock_counter`. An error before `release` leaves it to the transaction's end.

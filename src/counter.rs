@@ -77,6 +77,16 @@ struct Key {
     sequence: u32,
 }
 
+impl Key {
+    /// `sequence`'s counter in this database.
+    fn of(sequence: pg_sys::Oid) -> Key {
+        Key {
+            database: backend::database().to_u32(),
+            sequence: sequence.to_u32(),
+        }
+    }
+}
+
 impl Slot {
     fn is(&self, key: Key) -> bool {
         self.sequence == key.sequence && self.database == key.database
@@ -92,16 +102,13 @@ enum Taken {
 
 /// The next counter of `sequence` in this database, at or below a reservation on disk.
 pub fn next(client: &mut SpiClient<'_>, sequence: pg_sys::Oid) -> Result<i64, LockError> {
-    let key = Key {
-        database: backend::database().to_u32(),
-        sequence: sequence.to_u32(),
-    };
+    let key = Key::of(sequence);
     loop {
         match take(key) {
             Taken::Value(value, reserve_ahead) => {
                 if reserve_ahead {
                     // Best effort: a backend reserving already does it for everyone.
-                    if let Some(lock) = claims::lock_counter(false) {
+                    if let Some(lock) = claims::try_lock_counter() {
                         reserve(client, key, sequence)?;
                         lock.release();
                     } else {
@@ -112,9 +119,7 @@ pub fn next(client: &mut SpiClient<'_>, sequence: pg_sys::Oid) -> Result<i64, Lo
             }
             Taken::Reserve => {
                 // Waits for a reservation in flight (one flush), then makes sure one is.
-                let lock = claims::lock_counter(true).ok_or(LockError::EraRecord {
-                    detail: "the token counter's reservation lock was not granted".into(),
-                })?;
+                let lock = claims::lock_counter();
                 let room = reserve(client, key, sequence)?;
                 lock.release();
                 if !room {
@@ -127,10 +132,7 @@ pub fn next(client: &mut SpiClient<'_>, sequence: pg_sys::Oid) -> Result<i64, Lo
 
 /// The last counter handed out in this database, if its slot is in shared memory.
 pub fn issued(sequence: pg_sys::Oid) -> Option<i64> {
-    let key = Key {
-        database: backend::database().to_u32(),
-        sequence: sequence.to_u32(),
-    };
+    let key = Key::of(sequence);
     let table = TABLE.share();
     table.slots.iter().find(|s| s.is(key)).map(|s| s.issued)
 }
