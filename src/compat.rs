@@ -340,21 +340,13 @@ fn renew(
         backend::now()?.into(),
         fence_token.into(),
     ];
-    let statements: &[Statement] = match version {
+    let statements: &'static [Statement] = match version {
         Older::V0_1 => &RENEW_0_1,
         Older::V0_2 => &RENEW_0_2,
     };
     let only_leases = commit::only_leases_so_far();
-    let renewed = Spi::connect_mut(|client| {
-        for statement in statements {
-            // A refused renewal keeps no lock on a row it did not change (`xact.rs`).
-            let renewed = xact::kept_if_found(|| Ok(first_value(statement.run(client, &args)?)?))?;
-            if renewed.is_some() {
-                return Ok::<_, LockError>(renewed);
-            }
-        }
-        Ok(None)
-    })?;
+    let renewed =
+        Spi::connect_mut(|client| lease::first_found(client, statements, &args, lease::renewed))?;
     commit::relax_if_only_leases(only_leases);
     if renewed.is_none() {
         refuse_if_administering("lock_renew", version, role, lock_id, owner, fence_token)?;
@@ -433,30 +425,13 @@ fn release(
         backend::now()?.into(),
         fence_token.into(),
     ];
-    let statements: &[Statement] = match version {
+    let statements: &'static [Statement] = match version {
         Older::V0_1 => &RELEASE_0_1,
         Older::V0_2 => &RELEASE_0_2,
     };
     let only_leases = commit::only_leases_so_far();
-    let deleted = Spi::connect_mut(|client| -> Result<Option<(bool, i64)>, LockError> {
-        for statement in statements {
-            let deleted = xact::kept_if_found(|| {
-                let rows = statement.run(client, &args)?;
-                if rows.is_empty() {
-                    return Ok(None);
-                }
-                let row = rows.first();
-                Ok(Some((
-                    row.get_by_name::<bool, _>("live")?.unwrap_or(false),
-                    row.get_by_name::<i64, _>("fence_token")?.unwrap_or(0),
-                )))
-            })?;
-            if deleted.is_some() {
-                return Ok(deleted);
-            }
-        }
-        Ok(None)
-    })?;
+    let deleted =
+        Spi::connect_mut(|client| lease::first_found(client, statements, &args, lease::released))?;
     commit::relax_if_only_leases(only_leases);
     if deleted.is_none() {
         refuse_if_administering(function, version, role, lock_id, owner, fence_token)?;

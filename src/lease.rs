@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 use pgrx::datum::DatumWithOid;
 use pgrx::pg_sys::{self, BuiltinOid::*};
 use pgrx::prelude::*;
+use pgrx::spi::{SpiClient, SpiTupleTable};
 
 use crate::backend;
 use crate::caller;
@@ -331,19 +332,7 @@ pub fn renew(
     };
     let only_leases = commit::only_leases_so_far();
     let renewed = while_briefly_locked(&held, || {
-        Spi::connect_mut(|client| {
-            for statement in &RENEW {
-                let renewed = xact::kept_if_found(|| {
-                    Ok(first_value(
-                        statement.run(client, &held.datums_with_ttl(ttl))?,
-                    )?)
-                })?;
-                if renewed.is_some() {
-                    return Ok::<_, LockError>(renewed);
-                }
-            }
-            Ok(None)
-        })
+        Spi::connect_mut(|client| first_found(client, &RENEW, &held.datums_with_ttl(ttl), renewed))
     })?;
     commit::relax_if_only_leases(only_leases);
     stats::count(if renewed.is_some() {
@@ -381,25 +370,7 @@ pub fn release_valid(
     };
     let only_leases = commit::only_leases_so_far();
     let deleted = while_briefly_locked(&held, || {
-        Spi::connect_mut(|client| -> Result<Option<(bool, i64)>, LockError> {
-            for statement in &RELEASE {
-                let deleted = xact::kept_if_found(|| {
-                    let rows = statement.run(client, &held.datums())?;
-                    if rows.is_empty() {
-                        return Ok(None);
-                    }
-                    let row = rows.first();
-                    Ok(Some((
-                        row.get_by_name::<bool, _>("live")?.unwrap_or(false),
-                        row.get_by_name::<i64, _>("fence_token")?.unwrap_or(0),
-                    )))
-                })?;
-                if deleted.is_some() {
-                    return Ok(deleted);
-                }
-            }
-            Ok(None)
-        })
+        Spi::connect_mut(|client| first_found(client, &RELEASE, &held.datums(), released))
     })?;
     commit::relax_if_only_leases(only_leases);
     if deleted.is_some() {
@@ -415,6 +386,41 @@ pub fn release_valid(
         notify("released", lock_id, token, None)?;
     }
     Ok(released)
+}
+
+/// Runs a renewal's or a release's statements (one per lease table) in order, each kept
+/// only if it found the caller's lease (`xact::kept_if_found`: a refused one keeps no row
+/// locked), until one does; `read` says what it found.
+pub fn first_found<T>(
+    client: &mut SpiClient<'_>,
+    statements: &'static [Statement],
+    args: &[DatumWithOid<'_>],
+    read: impl Fn(SpiTupleTable<'_>) -> Result<Option<T>, LockError>,
+) -> Result<Option<T>, LockError> {
+    for statement in statements {
+        let found = xact::kept_if_found(|| read(statement.run(client, args)?))?;
+        if found.is_some() {
+            return Ok(found);
+        }
+    }
+    Ok(None)
+}
+
+/// A renewal's row: the lease's new expiry.
+pub fn renewed(rows: SpiTupleTable<'_>) -> Result<Option<TimestampWithTimeZone>, LockError> {
+    Ok(first_value(rows)?)
+}
+
+/// A release's row: whether the lease was still live, and its token.
+pub fn released(rows: SpiTupleTable<'_>) -> Result<Option<(bool, i64)>, LockError> {
+    if rows.is_empty() {
+        return Ok(None);
+    }
+    let row = rows.first();
+    Ok(Some((
+        row.get_by_name::<bool, _>("live")?.unwrap_or(false),
+        row.get_by_name::<i64, _>("fence_token")?.unwrap_or(0),
+    )))
 }
 
 // Read under the newest snapshot (`read_latest`). Parameters as RELEASE's (`Held`).
