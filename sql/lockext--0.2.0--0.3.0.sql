@@ -155,6 +155,13 @@ SET search_path TO pg_catalog, pg_temp
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'exclusive_grant_live_wrapper';
 REVOKE ALL ON FUNCTION lockext.exclusive_grant_live(text, bigint, oid) FROM PUBLIC;
+
+-- lockext's own: the token of a grant, minted inside the statement that makes it.
+CREATE FUNCTION lockext."grant_token"() RETURNS bigint /* i64 */
+STRICT VOLATILE PARALLEL UNSAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'grant_token_wrapper';
+REVOKE ALL ON FUNCTION lockext.grant_token() FROM PUBLIC;
 CREATE OR REPLACE FUNCTION lockext."lock_check"(
 	"lock_id" TEXT,
 	"fence_token" bigint

@@ -56,6 +56,9 @@ END $$;
 -- lockext's own check, run by fenced writes as the extension's owner.
 REVOKE ALL ON FUNCTION lockext.exclusive_grant_live(text, bigint, oid) FROM PUBLIC;
 
+-- lockext's own: the token of a grant, minted inside the statement that makes it.
+REVOKE ALL ON FUNCTION lockext.grant_token() FROM PUBLIC;
+
 -- Binding a resource to its lock is an operator's decision.
 REVOKE ALL ON FUNCTION lockext.bind_resource(text, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION lockext.bind_resource(text, text) TO lockext_admin;

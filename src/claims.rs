@@ -24,11 +24,17 @@
 
 use std::cell::{Cell, RefCell};
 
-use pgrx::{pg_sys, register_subxact_callback, PgSubXactCallbackEvent};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use pgrx::{
+    pg_guard, pg_shmem_init, pg_sys, register_subxact_callback, register_xact_callback, PgAtomic,
+    PgSubXactCallbackEvent, PgXactCallbackEvent,
+};
 
 use crate::backend;
 use crate::caller;
 use crate::error::LockError;
+use crate::settings;
 use crate::text::Text;
 
 /// Lockext's claims among advisory locks in `pg_locks` (objsubid 19531 "LK", 19535 "LO",
@@ -77,20 +83,25 @@ impl Gate {
 /// one is in flight.
 pub fn try_gate(lock_id: Text<'_>, mode: Mode) -> Result<Option<Gate>, LockError> {
     let tag = tag_of(GATE_TAG, fnv1a(lock_id.bytes()));
-    if mode == Mode::Shared && try_lock(&tag_of(BULK_TAG, 0), Mode::Shared).is_none() {
-        return Ok(None); // a bulk load of exclusive leases is in flight
+    if bulk_load_in_flight() {
+        return Ok(None); // its leases are inserted past gates it does not keep
     }
     let Some(newly_taken) = try_lock(&tag, mode) else {
         return Ok(None);
     };
     if newly_taken && !keep_another_claim() {
-        unsafe { pg_sys::LockRelease(&tag, mode.lockmode(), false) };
-        // The database-wide claim refuses every shared acquire in the database while this
+        // The database-wide claim refuses every other acquire in the database while this
         // transaction lasts: an operator's bulk load may take it, not any member.
         if mode == Mode::Shared || !caller::is_admin() {
+            unsafe { pg_sys::LockRelease(&tag, mode.lockmode(), false) };
             return Err(LockError::TooManyClaims);
         }
-        if try_lock(&tag_of(BULK_TAG, 0), Mode::Exclusive).is_none() {
+        // Raised while this id's gate is still held: whoever passes it next, after it is
+        // given back, sees the flag and tests the bulk claim (`bulk_load_in_flight`).
+        raise_bulk_flag();
+        let bulk = try_lock(&tag_of(BULK_TAG, 0), Mode::Exclusive);
+        unsafe { pg_sys::LockRelease(&tag, mode.lockmode(), false) };
+        if bulk.is_none() {
             return Ok(None);
         }
         return Ok(Some(Gate {
@@ -198,6 +209,59 @@ pub fn try_claim_slot(lock_id: Text<'_>, slot: i32) -> Result<Option<SlotClaim>,
             Err(LockError::TooManyClaims)
         }
         Some(newly_taken) => Ok(Some(SlotClaim(tag, newly_taken))),
+    }
+}
+
+/// How many transactions may hold the database-wide claim (in any database) right now:
+/// raised by one before it first takes the claim, lowered when it ends (never when it is
+/// prepared: a prepared transaction keeps its locks, so the flag stays up for good, which
+/// only costs every acquire one more test). While it is zero, no acquire needs to test the
+/// claim, so the common acquire does not touch that one lock of the server's lock table
+/// that every acquire in the database would otherwise share.
+static BULK_LOADS: PgAtomic<AtomicU32> = unsafe { PgAtomic::new(c"lockext_bulk_loads") };
+
+pub fn init_shared_memory() {
+    pg_shmem_init!(BULK_LOADS);
+}
+
+thread_local! {
+    // Whether this backend's transaction raised BULK_LOADS (and has not lowered it yet).
+    static RAISED: Cell<bool> = const { Cell::new(false) };
+}
+
+fn raise_bulk_flag() {
+    if !settings::preloaded() || RAISED.with(|r| r.replace(true)) {
+        return;
+    }
+    BULK_LOADS.get().fetch_add(1, Ordering::SeqCst);
+    let lower = || {
+        if RAISED.with(|r| r.replace(false)) {
+            BULK_LOADS.get().fetch_sub(1, Ordering::SeqCst);
+        }
+    };
+    register_xact_callback(PgXactCallbackEvent::Commit, lower);
+    register_xact_callback(PgXactCallbackEvent::Abort, lower);
+    register_xact_callback(PgXactCallbackEvent::Prepare, || {
+        RAISED.with(|r| r.set(false)); // left raised: the prepared transaction keeps the claim
+    });
+}
+
+/// Whether another transaction keeps the database-wide claim: its exclusive leases are
+/// inserted past gates it only tested, so a row of one may be uncommitted, which an insert
+/// of the same id would wait for. Tested without being kept: the gate, kept, is what keeps
+/// a bulk load from starting under this acquire. Not preloaded, always tested.
+fn bulk_load_in_flight() -> bool {
+    if settings::preloaded() && BULK_LOADS.get().load(Ordering::SeqCst) == 0 {
+        return false;
+    }
+    let tag = tag_of(BULK_TAG, 0);
+    match try_lock(&tag, Mode::Shared) {
+        None => true,
+        Some(true) => {
+            unsafe { pg_sys::LockRelease(&tag, Mode::Shared.lockmode(), false) };
+            false
+        }
+        Some(false) => false,
     }
 }
 

@@ -1,19 +1,22 @@
 //! Exclusive leases: one row of `lockext.locks` per lock id, one holder at a time.
 //!
-//! An exclusive acquire, past its gate (`lease.rs`), looks at every lease of its lock id
-//! (`grant::look_at`): a live lease of someone else's or a live shared lease or permit
-//! refuses it; dead shared leases and permits are deleted first (`grant::clear_dead`); then
-//! the caller's own live lease is extended, or the row taken over in place, or inserted
-//! (`grant::take`).
+//! An exclusive acquire, past its gate (`lease.rs`), first tries the common case in one
+//! statement: a lock id with no lease row at all gets a new one (`INSERT_FREE`). Otherwise
+//! it looks at every lease of its lock id (`grant::look_at`): a live lease of someone
+//! else's or a live shared lease or permit refuses it; dead shared leases and permits are
+//! deleted first (`grant::clear_dead`); then the caller's own live lease is extended, or
+//! the row taken over in place, or inserted (`grant::take`).
 
 use pgrx::spi::SpiClient;
 
+use crate::backend;
 use crate::error::LockError;
 use crate::grant::{
-    clear_dead, look_at, millis, take, Attempt, Granted, Kind, Params, Request, ACQUIRE_PARAMS,
-    CLEAR_DEAD_SHARED,
+    clear_dead, grant_row, look_at, millis, take, Attempt, Granted, Kind, Params, Request,
+    ACQUIRE_PARAMS, CLEAR_DEAD_SHARED,
 };
 use crate::statements::Statement;
+use crate::token;
 
 /// What an exclusive acquire sees of its lock id (`grant::look`), by the call's clock.
 #[derive(Default)]
@@ -60,6 +63,11 @@ static TAKE_OVER: Statement = Statement {
     params: ACQUIRE_PARAMS,
 };
 
+static INSERT_FREE: Statement = Statement {
+    sql: include_str!("../sql/run/exclusive/insert_free.sql"),
+    params: ACQUIRE_PARAMS,
+};
+
 static INSERT_NEW: Statement = Statement {
     sql: include_str!("../sql/run/exclusive/insert_new.sql"),
     params: ACQUIRE_PARAMS,
@@ -71,6 +79,16 @@ pub fn attempt(
     request: &Request<'_>,
     params: &mut Params<'_>,
 ) -> Result<Attempt, LockError> {
+    // One statement instead of the look and the insert, which mints the token itself
+    // (lockext.grant_token) once it found the id free. Its checks read under its own
+    // snapshot, which is taken after the gate only in READ COMMITTED; a REPEATABLE READ
+    // caller's is older, and only the look reads under the newest.
+    if !backend::snapshot_per_transaction() {
+        let rows = token::minting_in(|| INSERT_FREE.run(client, &params.datums()))?;
+        if let Some(granted) = grant_row(rows)? {
+            return Ok((Some(granted), None));
+        }
+    }
     let look = Look::read(params);
     if look.semaphore {
         return Err(LockError::WrongKind {

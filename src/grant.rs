@@ -36,7 +36,8 @@ pub struct Params<'a> {
     pub ttl: Interval,
     /// $5: the call's clock, read once per try (`backend::now`).
     pub now: TimestampWithTimeZone,
-    /// $6: the new grant's token, minted once the grant is decided (`token::mint`).
+    /// $6: the new grant's token, minted once the grant is decided (`token::mint`), or
+    /// NULL for a statement that mints its own (`token::grant_token`).
     pub token: Option<i64>,
     /// $7: the new grant's lock-delay.
     pub lock_delay: Interval,
@@ -413,7 +414,7 @@ fn grant_type() -> Result<pg_sys::Oid, LockError> {
 
 /// The grant from an acquire statement's RETURNING (sql/run/exclusive/take_over.sql's
 /// columns), if any.
-fn grant_row(rows: pgrx::spi::SpiTupleTable<'_>) -> Result<Option<Granted>, LockError> {
+pub fn grant_row(rows: pgrx::spi::SpiTupleTable<'_>) -> Result<Option<Granted>, LockError> {
     if rows.is_empty() {
         return Ok(None);
     }

@@ -11,7 +11,6 @@
 //! search_path can bend them.
 
 use std::cell::RefCell;
-use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::ffi::CString;
 use std::rc::Rc;
@@ -29,8 +28,10 @@ pub struct Statement {
 thread_local! {
     // A backend is single-threaded; a thread_local is its per-backend cache. Plans kept
     // with SPI_keepplan are revalidated by PostgreSQL when the objects they use change
-    // (DROP/CREATE EXTENSION), so they are never stale.
-    static PLANS: RefCell<HashMap<&'static str, OwnedPreparedStatement>> = RefCell::new(HashMap::new());
+    // (DROP/CREATE EXTENSION), so they are never stale. Each is kept for the backend's
+    // life (leaked): the cache is not borrowed while a statement runs, since a statement
+    // may call into lockext, which runs statements of its own (lockext.grant_token).
+    static PLANS: RefCell<HashMap<&'static str, &'static OwnedPreparedStatement>> = RefCell::new(HashMap::new());
 }
 
 impl Statement {
@@ -46,17 +47,18 @@ impl Statement {
         args: &[DatumWithOid<'_>],
     ) -> SpiResult<SpiTupleTable<'conn>> {
         let key = self.sql;
-        PLANS.with(|plans| {
-            let mut plans = plans.borrow_mut();
-            let plan = match plans.entry(key) {
-                Entry::Occupied(kept) => kept.into_mut(),
-                Entry::Vacant(slot) => {
-                    let oids: Vec<PgOid> = self.params.iter().map(|&o| PgOid::BuiltIn(o)).collect();
-                    slot.insert(client.prepare_mut(self.sql, &oids)?.keep())
-                }
-            };
-            client.select(&*plan, None, args)
-        })
+        let kept = PLANS.with(|plans| plans.borrow().get(key).copied());
+        let plan = match kept {
+            Some(plan) => plan,
+            None => {
+                let oids: Vec<PgOid> = self.params.iter().map(|&o| PgOid::BuiltIn(o)).collect();
+                let plan: &'static OwnedPreparedStatement =
+                    Box::leak(Box::new(client.prepare_mut(self.sql, &oids)?.keep()));
+                PLANS.with(|plans| plans.borrow_mut().insert(key, plan));
+                plan
+            }
+        };
+        client.select(plan, None, args)
     }
 }
 

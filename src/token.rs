@@ -469,7 +469,8 @@ unsafe fn sequence_page_lsn(sequence: pg_sys::Oid) -> u64 {
 }
 
 /// Mints one token for a grant. Call only once the grant is decided (past the lock id's
-/// gate, the lock found free): a token minted and not used is only a gap.
+/// gate, the lock found free, or inside the statement that grants: `grant_token`): a
+/// token minted and not used is only a gap.
 pub fn mint(client: &mut SpiClient<'_>) -> Result<i64, LockError> {
     let in_force = in_force(true)?;
     if !in_force.row_confirmed {
@@ -481,6 +482,38 @@ pub fn mint(client: &mut SpiClient<'_>) -> Result<i64, LockError> {
         crate::commit::require_flush();
     }
     Ok(token)
+}
+
+thread_local! {
+    // Set while this backend runs a statement that calls lockext.grant_token()
+    // (`minting_in`): the only place where that function mints.
+    static MINTING: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `statement`, which may call lockext.grant_token() to mint the token of the grant it
+/// makes. Inside a lockext function, whose SET clause pinned search_path.
+pub fn minting_in<R>(statement: impl FnOnce() -> R) -> R {
+    struct Reset(bool);
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            MINTING.with(|m| m.set(self.0));
+        }
+    }
+    let _reset = Reset(MINTING.with(|m| m.replace(true)));
+    statement()
+}
+
+/// The token of the grant that the calling statement is making: minted inside it, once its
+/// checks found the lock id free (sql/run/exclusive/insert_free.sql), so that a statement
+/// that grants nothing mints nothing. Not granted to anyone, and refused outside
+/// `minting_in`: that is how it needs no SET clause of its own (a GUC saved and restored on
+/// every grant), since it runs only inside lock_acquire, which pinned search_path.
+#[pg_extern(volatile, parallel_unsafe)]
+fn grant_token() -> i64 {
+    if !MINTING.with(|m| m.get()) {
+        pgrx::error!("lockext.grant_token() mints only inside lockext's own grants");
+    }
+    Spi::connect_mut(mint).unwrap_or_else(|e| e.report())
 }
 
 // ---- issued tokens -------------------------------------------------------------------

@@ -69,7 +69,11 @@ UPDATE lockext.locks SET expires_at = 'infinity' WHERE lock_id = 'vault';
 INSERT INTO lockext.resources VALUES ('vault', 9, '{}', now());
 SELECT nextval('lockext.fence_token_seq');
 SELECT setval('lockext.fence_token_seq', 1);
+-- Nor minting a token of one's own (lockext's own, called inside a grant's statement).
+SELECT lockext.grant_token();
 RESET ROLE;
+-- Not even a superuser mints one outside a grant.
+SELECT lockext.grant_token();
 
 -- A hijack attempt: look-alike functions and operators in a schema the caller puts first.
 -- lockext's functions run with search_path = pg_catalog, pg_temp and never call them.
