@@ -152,8 +152,9 @@ def wait_stopped(pid, timeout=10.0):
 
     os.kill(pid, SIGSTOP) is not enough: it returns once the signal is queued, and the one
     thread woken to take it stops the others only when it gets to run; until then the rest
-    of a multi-threaded process (A has the library's renewer thread) goes on, and could
-    read and act on what we write to its stdin."""
+    of a multi-threaded process (A has the library's renewer thread) goes on, and the
+    thread blocked on its stdin, if it is not the one woken, could read and act on what we
+    write there."""
     deadline = time.monotonic() + timeout
     while True:
         live = []
