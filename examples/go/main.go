@@ -437,7 +437,7 @@ func allThreadsStopped(pid int) (bool, error) {
 		}
 	}
 	if live == 0 {
-		return false, fmt.Errorf("process %d exited", pid)
+		return false, fmt.Errorf("no live thread of process %d in /proc/%d/task: it exited (or this is not Linux)", pid, pid)
 	}
 	return true, nil
 }

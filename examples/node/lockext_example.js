@@ -224,7 +224,7 @@ async function waitStopped(pid, timeoutMs = 10000) {
       const state = stat.slice(stat.lastIndexOf(')') + 1).trim()[0]
       if (state !== 'Z' && state !== 'X') live.push(state) // a dead thread will not run again
     }
-    if (live.length === 0) throw new Error(`process ${pid} exited`)
+    if (live.length === 0) throw new Error(`no live thread of process ${pid} in /proc/${pid}/task: it exited (or this is not Linux)`)
     if (live.every((state) => state === 'T')) return
     if (Date.now() > deadline) throw new Error(`process ${pid} not stopped ${timeoutMs} ms after SIGSTOP`)
     await sleep(5)

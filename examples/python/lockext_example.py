@@ -167,7 +167,7 @@ def wait_stopped(pid, timeout=10.0):
             if state not in ("Z", "X"):  # a dead thread will not run again
                 live.append(state)
         if not live:
-            raise RuntimeError(f"process {pid} exited")
+            raise RuntimeError(f"no live thread of process {pid} in /proc/{pid}/task: it exited (or this is not Linux)")
         if all(state == "T" for state in live):
             return
         if time.monotonic() > deadline:

@@ -500,7 +500,11 @@ async fn wait_stopped(pid: u32, within: Duration) -> std::result::Result<(), Str
     let deadline = Instant::now() + within;
     loop {
         match all_threads_stopped(pid) {
-            None => return Err(format!("process {pid} exited")),
+            None => {
+                return Err(format!(
+                    "no live thread of process {pid} in /proc/{pid}/task: it exited (or this is not Linux)"
+                ))
+            }
             Some(true) => return Ok(()),
             Some(false) if Instant::now() > deadline => {
                 return Err(format!(
