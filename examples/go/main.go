@@ -30,6 +30,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -398,6 +399,49 @@ func pauseB(ctx context.Context, lockID, acct string) int {
 	return 0
 }
 
+// waitStopped returns once every thread of process pid is stopped (state T in
+// /proc/PID/task/*/stat), or an error after `within`. kill(SIGSTOP) is not enough: it
+// returns once the signal is queued, and the one thread woken to take it stops the others
+// only when it gets to run; until then the rest of a multi-threaded process (a Go program
+// has several threads) goes on, and could read and act on what we write to its stdin.
+func waitStopped(pid int, within time.Duration) error {
+	deadline := time.Now().Add(within)
+	for {
+		stopped, err := allThreadsStopped(pid)
+		if err != nil || stopped {
+			return err
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("process %d not stopped %v after SIGSTOP", pid, within)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func allThreadsStopped(pid int) (bool, error) {
+	stats, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/stat", pid))
+	live := 0
+	for _, f := range stats {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue // a thread that just exited
+		}
+		// "tid (comm) S ...": comm may hold spaces and ')', the state follows the last ')'.
+		state := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+		if len(state) == 0 || state[0] == "Z" || state[0] == "X" {
+			continue // dead: it will not run again
+		}
+		live++
+		if state[0] != "T" {
+			return false, nil
+		}
+	}
+	if live == 0 {
+		return false, fmt.Errorf("no live thread of process %d in /proc/%d/task: it exited (or this is not Linux)", pid, pid)
+	}
+	return true, nil
+}
+
 func scenarioPause(ctx context.Context) (bool, error) {
 	rid := runID()
 	acct, lockID := "pause-"+rid, "example:go:pause:"+rid
@@ -431,7 +475,10 @@ func scenarioPause(ctx context.Context) (bool, error) {
 		return false, fmt.Errorf("A said %q", ready)
 	}
 	_ = a.Process.Signal(syscall.SIGSTOP) // A, renewer included, is frozen past its 1 s lease
-	_, _ = aIn.Write([]byte("go\n"))
+	if err := waitStopped(a.Process.Pid, 10*time.Second); err != nil {
+		return false, fmt.Errorf("A: %w", err)
+	}
+	_, _ = aIn.Write([]byte("go\n")) // A reads it only once resumed
 	b := exec.Command(self, "pause-b", lockID, acct)
 	b.Stderr = os.Stderr
 	bOut, bErr := b.Output()

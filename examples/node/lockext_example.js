@@ -24,6 +24,7 @@
 const { spawn } = require('child_process')
 const readline = require('readline')
 const crypto = require('crypto')
+const fs = require('fs')
 const pg = require('pg')
 const lockext = require('lockext')
 
@@ -199,6 +200,37 @@ const exited = (child) => new Promise((resolve) => {
   else child.on('exit', (code) => resolve(code))
 })
 
+// Resolves once every thread of process pid is stopped (state T in /proc/PID/task/*/stat).
+// process.kill(pid, 'SIGSTOP') is not enough: it returns once the signal is queued, and the
+// one thread woken to take it stops the others only when it gets to run; until then the
+// rest of a multi-threaded process (node has several threads) goes on, and could read and
+// act on what we write to its stdin.
+async function waitStopped(pid, timeoutMs = 10000) {
+  const deadline = Date.now() + timeoutMs
+  for (;;) {
+    const live = []
+    let tids = []
+    try {
+      tids = fs.readdirSync(`/proc/${pid}/task`)
+    } catch (e) {} // gone: no live thread
+    for (const tid of tids) {
+      let stat
+      try {
+        stat = fs.readFileSync(`/proc/${pid}/task/${tid}/stat`, 'utf8')
+      } catch (e) {
+        continue // a thread that just exited
+      }
+      // "tid (comm) S ...": comm may hold spaces and ')', the state follows the last ')'.
+      const state = stat.slice(stat.lastIndexOf(')') + 1).trim()[0]
+      if (state !== 'Z' && state !== 'X') live.push(state) // a dead thread will not run again
+    }
+    if (live.length === 0) throw new Error(`no live thread of process ${pid} in /proc/${pid}/task: it exited (or this is not Linux)`)
+    if (live.every((state) => state === 'T')) return
+    if (Date.now() > deadline) throw new Error(`process ${pid} not stopped ${timeoutMs} ms after SIGSTOP`)
+    await sleep(5)
+  }
+}
+
 async function scenarioPause() {
   const rid = runId()
   const account = `pause-${rid}`
@@ -211,7 +243,8 @@ async function scenarioPause() {
   try {
     aToken = BigInt((await fromA()).split(' ')[1])
     process.kill(a.pid, 'SIGSTOP') // A, renewer included, is frozen past its 1 s lease
-    a.stdin.write('go\n')
+    await waitStopped(a.pid)
+    a.stdin.write('go\n') // A reads it only once resumed
     const b = self(['pause-b', lockId, account], ['ignore', 'pipe', 'inherit'])
     const fromB = lineReader(b.stdout)
     const bLine = await fromB()

@@ -20,6 +20,7 @@ library's own connection never prepares statements by name, and neither does thi
 program's (prepare_threshold=None: PgBouncer < 1.21 cannot route them).
 """
 
+import glob
 import os
 import signal
 import subprocess
@@ -146,6 +147,34 @@ def pause_b(lock, account):
     return 0
 
 
+def wait_stopped(pid, timeout=10.0):
+    """Returns once every thread of process pid is stopped (state T in /proc/PID/task/*/stat).
+
+    os.kill(pid, SIGSTOP) is not enough: it returns once the signal is queued, and the one
+    thread woken to take it stops the others only when it gets to run; until then the rest
+    of a multi-threaded process (A has the library's renewer thread) goes on, and the
+    thread blocked on its stdin, if it is not the one woken, could read and act on what we
+    write there."""
+    deadline = time.monotonic() + timeout
+    while True:
+        live = []
+        for stat in glob.glob(f"/proc/{pid}/task/*/stat"):
+            try:
+                with open(stat) as f:  # "tid (comm) S ...": the state follows the last ')'
+                    state = f.read().rpartition(")")[2].split()[0]
+            except (OSError, IndexError):
+                continue  # a thread that just exited
+            if state not in ("Z", "X"):  # a dead thread will not run again
+                live.append(state)
+        if not live:
+            raise RuntimeError(f"no live thread of process {pid} in /proc/{pid}/task: it exited (or this is not Linux)")
+        if all(state == "T" for state in live):
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"process {pid} not stopped {timeout} s after SIGSTOP")
+        time.sleep(0.005)
+
+
 def scenario_pause():
     rid = run_id()
     account, lock = f"pause-{rid}", f"example:python:pause:{rid}"
@@ -156,7 +185,8 @@ def scenario_pause():
     try:
         a_token = int(a.stdout.readline().split()[1])
         os.kill(a.pid, signal.SIGSTOP)  # A, renewer included, is frozen past its 1 s lease
-        a.stdin.write("go\n")
+        wait_stopped(a.pid)
+        a.stdin.write("go\n")  # A reads it only once resumed
         a.stdin.flush()
         b = subprocess.run(me + ["pause-b", lock, account], capture_output=True, text=True, timeout=30)
         b_token = int(b.stdout.split()[1]) if b.returncode == 0 else None

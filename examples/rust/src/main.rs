@@ -490,6 +490,51 @@ fn signal(pid: u32, sig: libc::c_int) {
     }
 }
 
+/// Returns once every thread of process `pid` is stopped (state T in
+/// /proc/PID/task/*/stat), or an error after `within`. kill(SIGSTOP) is not enough: it
+/// returns once the signal is queued, and the one thread woken to take it stops the others
+/// only when it gets to run; until then the rest of a multi-threaded process (tokio's
+/// workers, the thread that reads stdin) goes on, and could read and act on what we write
+/// to its stdin.
+async fn wait_stopped(pid: u32, within: Duration) -> std::result::Result<(), String> {
+    let deadline = Instant::now() + within;
+    loop {
+        match all_threads_stopped(pid) {
+            None => {
+                return Err(format!(
+                    "no live thread of process {pid} in /proc/{pid}/task: it exited (or this is not Linux)"
+                ))
+            }
+            Some(true) => return Ok(()),
+            Some(false) if Instant::now() > deadline => {
+                return Err(format!(
+                    "process {pid} not stopped {within:?} after SIGSTOP"
+                ))
+            }
+            Some(false) => tokio::time::sleep(Duration::from_millis(5)).await,
+        }
+    }
+}
+
+/// Whether every live thread of `pid` is stopped; None when it has none left.
+fn all_threads_stopped(pid: u32) -> Option<bool> {
+    let mut live = 0;
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    for task in tasks.flatten() {
+        let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else {
+            continue; // a thread that just exited
+        };
+        // "tid (comm) S ...": comm may hold spaces and ')', the state follows the last ')'.
+        let after_comm = stat.rfind(')').map_or("", |i| &stat[i + 1..]);
+        match after_comm.split_whitespace().next() {
+            None | Some("Z" | "X") => continue, // a dead thread will not run again
+            Some("T") => live += 1,
+            Some(_) => return Some(false),
+        }
+    }
+    (live > 0).then_some(true)
+}
+
 async fn scenario_pause() -> Result<bool> {
     let rid = run_id();
     let account = format!("pause-{rid}");
@@ -514,7 +559,10 @@ async fn scenario_pause() -> Result<bool> {
         .parse()
         .map_err(|_| Error::Other(format!("A said {ready:?}")))?;
     signal(a_pid, libc::SIGSTOP); // A, renewer included, is frozen past its 1 s lease
-    a_in.write_all(b"go\n").await.map_err(io)?;
+    wait_stopped(a_pid, Duration::from_secs(10))
+        .await
+        .map_err(|e| Error::Other(format!("A: {e}")))?;
+    a_in.write_all(b"go\n").await.map_err(io)?; // A reads it only once resumed
     a_in.flush().await.map_err(io)?;
     let b = tokio::process::Command::new(&me)
         .args(["pause-b", &lock_id, &account])

@@ -13,7 +13,7 @@ use std::fs;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use crate::{children, eventually, proc_stat, signal, Client, Cluster, PG_BIN};
+use crate::{children, eventually, proc_stat, signal, sigstop, Client, Cluster, PG_BIN};
 
 /// postgresql.conf lines that keep background processes from writing WAL out during a
 /// test: no autovacuum workers, no background-writer buffer writes (each flushes the WAL
@@ -118,12 +118,7 @@ impl Drop for Frozen {
 /// Stops the server process named `needle` with SIGSTOP and waits until it is stopped.
 pub fn freeze(cluster: &Cluster, needle: &str) -> Frozen {
     let pid = server_process(cluster, needle);
-    signal(pid, "STOP");
-    eventually(
-        Duration::from_secs(10),
-        &format!("{needle} (pid {pid}) is stopped"),
-        || matches!(proc_stat(pid), Some(('T', _))).then_some(()),
-    );
+    sigstop(pid, needle);
     Frozen {
         pid,
         what: needle.to_string(),
@@ -145,7 +140,7 @@ pub fn stop_walwriter(cluster: &Cluster) -> Frozen {
 pub fn kill_server(cluster: &Cluster) {
     let pm = cluster.postmaster_pid();
     let kids = children(pm);
-    signal(pm, "STOP");
+    sigstop(pm, "the postmaster");
     for &kid in &kids {
         let _ = Command::new("kill")
             .args(["-KILL", &kid.to_string()])

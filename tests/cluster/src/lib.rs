@@ -302,6 +302,42 @@ pub fn proc_stat(pid: i32) -> Option<(char, i32)> {
     Some((state, ppid))
 }
 
+/// Whether every thread of `pid` is stopped (state 'T' in /proc/PID/task/*/stat); false when
+/// the process has no live thread left.
+pub fn all_threads_stopped(pid: i32) -> bool {
+    let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    let mut live = 0;
+    for task in tasks.flatten() {
+        let Ok(text) = fs::read_to_string(task.path().join("stat")) else {
+            continue; // a thread that just exited
+        };
+        let state = text
+            .rfind(')')
+            .and_then(|i| text[i + 1..].split_whitespace().next());
+        match state {
+            None | Some("Z" | "X") => continue, // a dead thread will not run again
+            Some("T") => live += 1,
+            Some(_) => return false,
+        }
+    }
+    live > 0
+}
+
+/// Sends SIGSTOP to `pid` and returns once every thread of it is stopped (panics after 10 s).
+/// `kill -STOP` returns once the signal is queued: the one thread woken to take it stops the
+/// others only when it gets to run, and until then the process goes on (a multi-threaded
+/// one can read its stdin and act on it, a postmaster can see its children die).
+pub fn sigstop(pid: i32, what: &str) {
+    signal(pid, "STOP");
+    eventually(
+        Duration::from_secs(10),
+        &format!("{what} (pid {pid}) is stopped"),
+        || all_threads_stopped(pid).then_some(()),
+    );
+}
+
 /// Sends a signal to a process (`kill -SIG pid`).
 pub fn signal(pid: i32, sig: &str) {
     run_checked(

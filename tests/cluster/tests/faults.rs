@@ -375,11 +375,7 @@ fn pause_past_the_lease_with_sigstop() {
     assert!(granted.starts_with("granted ledger"), "{granted}");
 
     // Freeze A, and tell it to go on: it will read that only when resumed.
-    try_signal(run.pid(a), "STOP");
-    let pid = run.pid(a) as i32;
-    eventually(Duration::from_secs(10), "A is stopped", || {
-        proc_stat(pid).is_some_and(|(s, _)| s == 'T').then_some(())
-    });
+    sigstop(run.pid(a) as i32, "A");
     run.tell(a, "go");
 
     // B tries until A's lease is over, takes the lock, writes.

@@ -48,7 +48,7 @@ fn paused_client_transaction_is_aborted_by_the_fence() {
     });
 
     // A is paused (a GC pause, a VM stall) for longer than its lease.
-    signal(a.id() as i32, "STOP");
+    sigstop(a.id() as i32, "client A");
     // Its next transaction is already written and waiting in the pipe.
     writeln!(
         a_in,

@@ -19,6 +19,7 @@
 // pg from examples/node/node_modules (`cd examples/node && npm ci`), or from NODE_PATH.
 'use strict'
 
+const fs = require('fs')
 const path = require('path')
 const crypto = require('crypto')
 const readline = require('readline')
@@ -106,6 +107,34 @@ class Problems {
     if (this.list.length > 0) {
       assert.fail(`${this.list.length} problem(s):\n  - ${this.list.join('\n  - ')}`)
     }
+  }
+}
+
+// Resolves once every thread of process pid is stopped (state T in /proc/PID/task/*/stat).
+// kill(SIGSTOP) returns once the signal is queued: the one thread woken to take it stops the
+// others only when it gets to run, and until then the rest of the process goes on.
+async function waitStopped(pid, timeoutMs = 10000) {
+  const deadline = Date.now() + timeoutMs
+  for (;;) {
+    const live = []
+    let tids = []
+    try {
+      tids = fs.readdirSync(`/proc/${pid}/task`)
+    } catch (e) {} // gone: no live thread
+    for (const tid of tids) {
+      let stat
+      try {
+        stat = fs.readFileSync(`/proc/${pid}/task/${tid}/stat`, 'utf8')
+      } catch (e) {
+        continue // a thread that just exited
+      }
+      const state = stat.slice(stat.lastIndexOf(')') + 1).trim()[0] // comm may hold ')'
+      if (state !== 'Z' && state !== 'X') live.push(state) // a dead thread will not run again
+    }
+    if (live.length === 0) throw new Error(`holder A (pid ${pid}) exited`)
+    if (live.every((state) => state === 'T')) return
+    if (Date.now() > deadline) throw new Error(`holder A (pid ${pid}) not stopped ${timeoutMs} ms after SIGSTOP`)
+    await sleep(5)
   }
 }
 
@@ -215,6 +244,7 @@ function defineTests() {
 
       child.kill('SIGSTOP') // a long GC pause
       stopped = true
+      await waitStopped(child.pid) // frozen before B starts waiting, not some time after
 
       // B waits for the lock: it gets it only once A's lease has expired (server clock).
       const b = await acquire(c, lockId, ownerB, 10000, 5000)

@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 use lockext_cluster_tests::history::{
     check, now_us, CheckOptions, History, Invariant, Kind, Outcome, Restart, SETUP_SQL,
 };
-use lockext_cluster_tests::{children, eventually, proc_stat, Client, NoTls};
+use lockext_cluster_tests::{children, eventually, proc_stat, sigstop, Client, NoTls};
 
 const CLIENT: &str = env!("CARGO_BIN_EXE_lockext-pooled-client");
 const PATRONI: &str = "/usr/bin/patroni";
@@ -431,7 +431,7 @@ fn failover(name: &str, synchronous: bool) {
         .expect("a WAL sender")
         .get(0);
     drop(leader);
-    kill(sender, "STOP");
+    sigstop(sender, "node1's WAL sender");
     sleep(Duration::from_millis(1500));
     let kill_us = now_us();
     ha.nodes[0].crash();
