@@ -82,6 +82,7 @@ pub extern "C-unwind" fn _PG_init() {
         counter::init_shared_memory();
         eras::init_shared_memory();
         wait::init_shared_memory();
+        reaper::init_shared_memory();
         reaper::register_launcher();
     }
 }
