@@ -467,6 +467,7 @@ impl Launcher {
             .set_function("lockext_reaper_main")
             .enable_spi_access()
             .set_argument(Some(pg_sys::Datum::from(slot)))
+            .set_extra(&db.name)
             .set_notify_pid(backend::pid())
             .set_restart_time(None);
         let mut worker: pg_sys::BackgroundWorker = (&builder).into();
@@ -650,9 +651,6 @@ fn database_rows() -> Vec<DatabaseRow> {
 /// exclusive), CREATE DATABASE with it as the template (share). Each of them then waits
 /// for the database's other processes to leave. Tried with the lock every connection takes
 /// at start-up (row exclusive), without waiting, and released at once. In a transaction.
-// Never inlined: the cluster tests stop a round here with gdb (tests/cluster/tests/
-// reaper_databases.rs), between two batches, connected to its database.
-#[inline(never)]
 fn wanted_elsewhere(database: pg_sys::Oid) -> bool {
     let tag = pg_sys::LOCKTAG {
         locktag_field1: 0, // a shared object: no database
@@ -759,14 +757,9 @@ fn one_round(database: pg_sys::Oid, named: bool) -> Outcome {
     }
 }
 
-fn database_name() -> String {
-    let name = unsafe { pg_sys::get_database_name(backend::database()) };
-    if name.is_null() {
-        return format!("oid {}", backend::database().to_u32());
-    }
-    unsafe { CStr::from_ptr(name) }
-        .to_string_lossy()
-        .into_owned()
+/// The name the launcher knew the database by (a catalog lookup needs a transaction).
+fn database_name() -> &'static str {
+    BackgroundWorker::get_extra()
 }
 
 enum RoundError {
