@@ -126,6 +126,7 @@ const LAUNCHER_RESTART: Duration = Duration::from_secs(5);
 #[derive(Clone, Copy, Default)]
 struct Handoff {
     database: u32, // oid; 0 = free
+    owner: u32,
     named: bool,
     outcome: u8,
     detail_len: usize,
@@ -251,6 +252,8 @@ enum Waiting {
 /// A database the launcher serves.
 struct Served {
     name: String,
+    /// The database's owner (`datdba`): see `answer_to_owner`.
+    owner: u32,
     /// Named in `lockext.database` (not only matched by `*`): a missing extension there
     /// is worth a LOG line, once.
     named: bool,
@@ -377,6 +380,7 @@ impl Launcher {
             serving.insert(row.oid);
             let db = self.served.entry(row.oid).or_insert_with(|| Served {
                 name: row.name.clone(),
+                owner: row.owner,
                 named,
                 next_round: now,
                 last_end: now,
@@ -385,6 +389,7 @@ impl Launcher {
                 logged: None,
             });
             db.name.clone_from(&row.name);
+            db.owner = row.owner;
             db.named = named;
         }
         if let settings::Databases::Named(names) = &wanted {
@@ -458,6 +463,7 @@ impl Launcher {
         };
         HANDOFFS.exclusive().slots[slot] = Handoff {
             database: oid,
+            owner: db.owner,
             named: db.named,
             ..Handoff::default()
         };
@@ -595,6 +601,7 @@ fn reap_interval() -> Duration {
 struct DatabaseRow {
     oid: u32,
     name: String,
+    owner: u32,
     allows_connections: bool,
     template: bool,
     /// `datconnlimit = -2`: a DROP DATABASE that was interrupted; nobody may connect.
@@ -635,6 +642,7 @@ fn database_rows() -> Vec<DatabaseRow> {
                 name: CStr::from_ptr(row.datname.data.as_ptr())
                     .to_string_lossy()
                     .into_owned(),
+                owner: row.datdba.to_u32(),
                 allows_connections: row.datallowconn,
                 template: row.datistemplate,
                 invalid: row.datconnlimit == -2,
@@ -669,11 +677,35 @@ fn wanted_elsewhere(database: pg_sys::Oid) -> bool {
     false
 }
 
-/// The database and setting a round was started with, from its handoff slot.
-fn job(slot: usize) -> Option<(pg_sys::Oid, bool)> {
+/// What a round was started with, from its handoff slot.
+struct Job {
+    database: pg_sys::Oid,
+    owner: pg_sys::Oid,
+    named: bool,
+}
+
+fn job(slot: usize) -> Option<Job> {
     let handoffs = HANDOFFS.share();
     let job = handoffs.slots.get(slot)?;
-    (job.database != 0).then(|| (pg_sys::Oid::from(job.database), job.named))
+    (job.database != 0).then(|| Job {
+        database: pg_sys::Oid::from(job.database),
+        owner: pg_sys::Oid::from(job.owner),
+        named: job.named,
+    })
+}
+
+/// Makes this round a process of the database's owner for PostgreSQL's signalling rules,
+/// while it keeps running as the bootstrap superuser. A background worker belongs to no
+/// role (`roleId` 0), and DROP DATABASE ... WITH (FORCE) refuses (42501) to end a process
+/// of a role its caller is not a member of; so a round connected at that moment would make
+/// the owner's FORCE fail where a database without sessions lets it through. As the
+/// owner's, the round is ended by the owner's FORCE (and pg_terminate_backend), as the
+/// owner's own sessions are. Nothing else reads it of a background worker: connection
+/// limits do not count background workers, and pg_stat_activity shows the session user.
+fn answer_to_owner(owner: pg_sys::Oid) {
+    if owner != pg_sys::InvalidOid {
+        unsafe { (*pg_sys::MyProc).roleId = owner };
+    }
 }
 
 fn finish(slot: usize, outcome: &Outcome) {
@@ -695,12 +727,18 @@ fn finish(slot: usize, outcome: &Outcome) {
 pub extern "C-unwind" fn lockext_reaper_main(arg: pg_sys::Datum) {
     BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
     let slot = arg.value();
-    let Some((database, named)) = job(slot) else {
+    let Some(Job {
+        database,
+        owner,
+        named,
+    }) = job(slot)
+    else {
         return;
     };
     // By oid: a database renamed since the launcher's scan is still the one meant. One
     // dropped since makes PostgreSQL end this process (FATAL, "does not exist").
     BackgroundWorker::connect_worker_to_spi_by_oid(Some(database), None);
+    answer_to_owner(owner);
     unsafe { pg_sys::pgstat_report_appname(c"lockext reaper".as_ptr()) };
     pin_search_path();
     // Reaping is cleanup: a batch lost in a crash is deleted again in the next round.

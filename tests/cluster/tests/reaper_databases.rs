@@ -293,8 +293,9 @@ fn holds_database_lock(c: &mut Client, db: &str, mode: &str) -> bool {
 
 /// A database with lockext and `n` expired leases, and a round of it stopped between two
 /// batches (batch size 1: thousands of batches to go). Returns the gdb holding the round.
-fn stopped_round(cluster: &Cluster, c: &mut Client, db: &str, n: i32) -> Gdb {
-    c.batch_execute(&format!("CREATE DATABASE {db}")).unwrap();
+fn stopped_round(cluster: &Cluster, c: &mut Client, db: &str, owner: &str, n: i32) -> Gdb {
+    c.batch_execute(&format!("CREATE DATABASE {db} OWNER {owner}"))
+        .unwrap();
     {
         let mut d = cluster.connect_to(db);
         d.batch_execute("CREATE EXTENSION lockext").unwrap();
@@ -305,23 +306,30 @@ fn stopped_round(cluster: &Cluster, c: &mut Client, db: &str, n: i32) -> Gdb {
         )
         .unwrap();
     }
-    let pid = eventually(Duration::from_secs(10), "a round in the database", || {
-        reaper_pid(c, db)
+    // The long round: one still there a moment later (a round that found nothing to do,
+    // begun before the leases committed, may be seen as it exits).
+    let pid = eventually(Duration::from_secs(20), "a long round in the database", || {
+        let pid = reaper_pid(c, db)?;
+        thread::sleep(Duration::from_millis(300));
+        (reaper_pid(c, db) == Some(pid)).then_some(pid)
     });
     let mut gdb = Gdb::attach_and_break(pid, BETWEEN_BATCHES);
+    gdb.wait_for_breakpoint(Duration::from_secs(20));
     // DROP ... WITH (FORCE) sends it SIGTERM: delivered when gdb lets it run.
     gdb.command(
         "-interpreter-exec console \"handle SIGTERM nostop noprint pass\"",
         Duration::from_secs(10),
     );
-    gdb.wait_for_breakpoint(Duration::from_secs(20));
     gdb
 }
 
 /// What happens when DROP DATABASE comes while a round is connected: a stopped round holds
 /// the database like any session (DROP DATABASE fails after its 5 s, 55006); a round that
 /// runs leaves it at its next batch, and DROP DATABASE (plain, and WITH (FORCE)) succeeds
-/// although the round had thousands of batches to go.
+/// although the round had thousands of batches to go. FORCE is run by the database's
+/// owner, no superuser: PostgreSQL lets it end only processes of roles it is a member of,
+/// and a round counts as the owner's (on a build where it did not, FORCE failed at once
+/// with 42501, "must be a member of the role whose process is being terminated").
 const LEASES: i32 = 50000;
 
 #[test]
@@ -331,23 +339,28 @@ fn drop_database_during_a_round_that_is_forced_open() {
         "lockext.reap_interval = '200ms'\nlockext.reap_batch_size = 1",
     );
     let mut c = cluster.connect();
+    c.batch_execute("CREATE ROLE app_owner LOGIN CREATEDB")
+        .unwrap();
 
-    let mut gdb = stopped_round(&cluster, &mut c, "held", LEASES);
+    let mut gdb = stopped_round(&cluster, &mut c, "held", "postgres", LEASES);
     let refused = c
         .batch_execute("DROP DATABASE held")
         .expect_err("a stopped round holds the database");
     let code = refused.code().map(|s| s.code().to_string());
-    println!("DROP DATABASE while the round is stopped: {refused}");
+    let message = refused.as_db_error().map(|e| e.message().to_string());
+    println!("DROP DATABASE while the round is stopped: {code:?} {message:?}");
     assert_eq!(code.as_deref(), Some("55006"), "{refused}");
 
-    for (db, sql) in [
-        ("held", "DROP DATABASE held"),
-        ("forced", "DROP DATABASE forced WITH (FORCE)"),
+    for (db, user, sql) in [
+        ("held", "postgres", "DROP DATABASE held"),
+        ("forced", "app_owner", "DROP DATABASE forced WITH (FORCE)"),
     ] {
         if db == "forced" {
-            gdb = stopped_round(&cluster, &mut c, "forced", LEASES);
+            gdb = stopped_round(&cluster, &mut c, "forced", "app_owner", LEASES);
         }
-        let url = cluster.url("postgres");
+        let url = cluster
+            .url("postgres")
+            .replace("user=postgres", &format!("user={user}"));
         let (tx, rx) = mpsc::channel();
         let statement = sql.to_string();
         thread::spawn(move || {
