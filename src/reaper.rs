@@ -355,7 +355,13 @@ impl Launcher {
 
     /// Reads pg_database and settles which databases are served.
     fn scan(&mut self) {
-        let wanted = settings::databases();
+        // pg_upgrade's server (-b) restores schemas, and drops and creates databases: no
+        // round belongs there.
+        let wanted = if unsafe { pg_sys::IsBinaryUpgrade } {
+            settings::Databases::Named(Vec::new())
+        } else {
+            settings::databases()
+        };
         let rows = match in_transaction(|| Ok(database_rows())) {
             Ok(rows) => rows,
             Err(message) => {

@@ -308,11 +308,15 @@ fn stopped_round(cluster: &Cluster, c: &mut Client, db: &str, owner: &str, n: i3
     }
     // The long round: one still there a moment later (a round that found nothing to do,
     // begun before the leases committed, may be seen as it exits).
-    let pid = eventually(Duration::from_secs(20), "a long round in the database", || {
-        let pid = reaper_pid(c, db)?;
-        thread::sleep(Duration::from_millis(300));
-        (reaper_pid(c, db) == Some(pid)).then_some(pid)
-    });
+    let pid = eventually(
+        Duration::from_secs(20),
+        "a long round in the database",
+        || {
+            let pid = reaper_pid(c, db)?;
+            thread::sleep(Duration::from_millis(300));
+            (reaper_pid(c, db) == Some(pid)).then_some(pid)
+        },
+    );
     let mut gdb = Gdb::attach_and_break(pid, BETWEEN_BATCHES);
     gdb.wait_for_breakpoint(Duration::from_secs(20));
     // DROP ... WITH (FORCE) sends it SIGTERM: delivered when gdb lets it run.
