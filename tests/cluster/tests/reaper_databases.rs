@@ -407,3 +407,44 @@ fn drop_database_during_a_round_that_is_forced_open() {
         "{log}"
     );
 }
+
+/// A round that fails is not retried in a tight loop: each failure doubles its database's
+/// wait (from 1 s, up to a minute), and each failure is one log line. The failure here:
+/// lockext's table renamed under the reaper's statements.
+#[test]
+fn failing_rounds_back_off_and_recover() {
+    let cluster = Cluster::start("rdb-backoff", FAST);
+    let mut c = cluster.connect();
+    expired_lease(&mut c, "before");
+    eventually(Duration::from_secs(10), "reaped before", || {
+        (!lease_exists(&mut c, "before")).then_some(())
+    });
+    let failed = "the reaper of database \"postgres\" failed";
+    c.batch_execute("ALTER TABLE lockext.locks RENAME TO locks_away")
+        .unwrap();
+    let broken = Instant::now();
+    thread::sleep(Duration::from_secs(12));
+    let failures = cluster.log().matches(failed).count();
+    println!("failed rounds in the 12 s after the break: {failures}");
+    // Every 200 ms that would be 60; 1 + 2 + 4 s apart, at most 4 or 5.
+    assert!(
+        (2..=5).contains(&failures),
+        "{failures} failures:\n{}",
+        cluster.log()
+    );
+    let (_, _, error) = status(&mut c, "postgres").expect("a row for postgres");
+    assert!(
+        error.as_deref().is_some_and(|e| e.contains("locks")),
+        "{error:?}"
+    );
+    c.batch_execute("ALTER TABLE lockext.locks_away RENAME TO locks")
+        .unwrap();
+    expired_lease(&mut c, "after");
+    eventually(
+        Duration::from_secs(70),
+        "reaped again once repaired",
+        || (!lease_exists(&mut c, "after")).then_some(()),
+    );
+    println!("recovered {:?} after the break", broken.elapsed());
+    assert_eq!(status(&mut c, "postgres").and_then(|s| s.2), None);
+}
