@@ -83,6 +83,7 @@ pub extern "C-unwind" fn _PG_init() {
         eras::init_shared_memory();
         wait::init_shared_memory();
         claims::init_shared_memory();
+        reaper::init_shared_memory();
         reaper::register_launcher();
     }
 }

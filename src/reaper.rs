@@ -1,44 +1,55 @@
 //! The reaper: background workers that delete expired leases, so that a dead client's
-//! lease is cleaned up by the server and no DBA has to schedule a job.
+//! lease is cleaned up by the server and no DBA has to schedule a job or name a database.
 //!
-//! Two kinds of process, after the pattern of a launcher and its per-database workers:
-//! - the **launcher** (one, started with the server when lockext is preloaded) connects to
-//!   no database. It starts one reaper per database named in `lockext.database` that
-//!   exists, restarts a reaper that died, and stops one whose database left the list. A
-//!   missing database is logged once and looked for again later: nothing crash-loops.
-//! - a **reaper** connects to its database, and every `lockext.reap_interval` deletes
-//!   expired leases in batches of `lockext.reap_batch_size`, each batch its own short
-//!   transaction, skipping rows that a client has locked (`SKIP LOCKED`): it never waits
-//!   for a client and a client never waits for it.
+//! Wording: the **launcher** is one process, started with the server when lockext is
+//! preloaded, connected to no database; a **round** is one short-lived worker that the
+//! launcher starts for one database, which connects to it, deletes what has expired and
+//! exits; a database is **served** while the launcher starts rounds for it.
+//! - The launcher reads the shared catalog pg_database every `SCAN_INTERVAL` and serves
+//!   every database that `lockext.database` lets it (`*`, the default: all of them) that
+//!   allows connections, is no template and is not half-dropped. It cannot see a database's
+//!   pg_extension, so the first round of each database looks: a database without lockext is
+//!   looked at again every `PROBE_INTERVAL`, with a DEBUG line at most, and a database
+//!   whose lockext was dropped is let go (its reaper_status row freed) the same way.
+//! - A round deletes expired leases in batches of `lockext.reap_batch_size`, each batch its
+//!   own short transaction, skipping rows that a client has locked (`SKIP LOCKED`): it
+//!   never waits for a client and a client never waits for it. The next round of that
+//!   database starts `lockext.reap_interval` after it ended.
 //!
-//! Both sleep on their latch, reload settings on SIGHUP, exit on SIGTERM or when the
-//! postmaster dies. They start only once the server accepts writes, so a hot standby runs
-//! none; after promotion the postmaster starts them.
+//! Why a process per round: PostgreSQL refuses DROP DATABASE (and ALTER DATABASE RENAME or
+//! SET TABLESPACE, and CREATE DATABASE from it as a template) while another process is
+//! connected to the database, after waiting 5 s for it to leave; it asks only autovacuum to
+//! go. Between rounds no lockext process is connected, so the database is as free as one
+//! without sessions. Those commands all lock the database object against new connections
+//! first, and lockext watches that lock (`wanted_elsewhere`): the launcher starts no round
+//! while it is held, and a running round stops at its next batch, so a round that is running
+//! when the command comes delays it by one batch.
+//!
+//! Failures do not loop: a round that fails (or dies) makes its database wait twice as long
+//! each time, up to `MAX_BACKOFF`. The launcher starts only once the server accepts writes,
+//! so a hot standby runs none; after promotion the postmaster starts it. Both kinds of
+//! process reload settings on SIGHUP and leave on SIGTERM or when the postmaster dies.
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::CStr;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use pgrx::bgworkers::{
-    BackgroundWorker, BackgroundWorkerBuilder, BackgroundWorkerStatus, BgWorkerStartTime,
-    DynamicBackgroundWorker, SignalWakeFlags,
+    BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTime, SignalWakeFlags,
 };
 use pgrx::datum::DatumWithOid;
+use pgrx::lwlock::PgLwLock;
 use pgrx::pg_sys::BuiltinOid::*;
 use pgrx::prelude::*;
+use pgrx::{pg_shmem_init, PGRXSharedMemory};
 
 use crate::backend;
 use crate::error::LockError;
 use crate::settings;
 use crate::statements::Statement;
-use crate::status::Reporter;
+use crate::status::{self, Reporter};
 use crate::text::TextBuf;
 use crate::xact::in_transaction;
-
-/// How often the launcher looks at its reapers and the database list.
-const LAUNCHER_NAP: Duration = Duration::from_secs(5);
-/// How soon the postmaster restarts the launcher after a crash.
-const LAUNCHER_RESTART: Duration = Duration::from_secs(5);
 
 /// When a lease's lock is free for others unless renewed: its expiry plus its lock-delay.
 /// Indexed (`locks_free_at_idx`), for the reaper. `timestamptz + interval` is only STABLE
@@ -92,6 +103,93 @@ static END_LOCKED_SESSIONS: Statement = Statement {
     ],
 };
 
+/// How often the launcher reads pg_database for databases created, dropped or changed.
+const SCAN_INTERVAL: Duration = Duration::from_secs(1);
+/// How soon a database without lockext (or with lockext at another version) is looked at
+/// again: CREATE EXTENSION is noticed this long after it commits, at most.
+const PROBE_INTERVAL: Duration = Duration::from_secs(3);
+/// How soon the launcher looks again at a database that a DROP DATABASE (or the like) has
+/// locked: well within the 5 s that the command waits for others to leave.
+const BUSY_RETRY: Duration = Duration::from_millis(500);
+/// The longest a failing database waits between rounds (each failure doubles the wait).
+const MAX_BACKOFF: Duration = Duration::from_secs(60);
+/// Rounds that run at once: each takes a background worker slot (max_worker_processes)
+/// while it runs; more databases take turns.
+const MAX_ROUNDS: usize = 4;
+/// How soon the postmaster restarts the launcher after a crash.
+const LAUNCHER_RESTART: Duration = Duration::from_secs(5);
+
+/// What a round tells the launcher, in shared memory: one slot per round running at once.
+/// The launcher fills a slot (the database, whether it was named) before it starts the
+/// round, which writes its outcome before it exits; a slot still `Started` when its round
+/// has stopped means the round died (FATAL, crash) before it could say.
+#[derive(Clone, Copy, Default)]
+struct Handoff {
+    database: u32, // oid; 0 = free
+    owner: u32,
+    named: bool,
+    outcome: u8,
+    detail_len: usize,
+    detail: [u8; 32],
+}
+
+#[derive(Clone, Copy, Default)]
+struct Handoffs {
+    slots: [Handoff; MAX_ROUNDS],
+}
+
+// Plain old data with no pointers: safe to place in shared memory.
+unsafe impl PGRXSharedMemory for Handoffs {}
+
+static HANDOFFS: PgLwLock<Handoffs> = unsafe { PgLwLock::new(c"lockext_reaper_rounds") };
+
+pub fn init_shared_memory() {
+    pg_shmem_init!(HANDOFFS);
+}
+
+/// How a round ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Outcome {
+    /// Not written: the round has not ended, or died before it could say.
+    Started,
+    Reaped,
+    Failed,
+    NoExtension,
+    /// lockext's SQL there is at this other version (see `RoundError::OtherVersion`).
+    OtherVersion(String),
+    /// A DROP DATABASE (or the like) wants the database: the round left it.
+    SteppedAside,
+    Standby,
+}
+
+impl Outcome {
+    fn code(&self) -> u8 {
+        match self {
+            Outcome::Started => 0,
+            Outcome::Reaped => 1,
+            Outcome::Failed => 2,
+            Outcome::NoExtension => 3,
+            Outcome::OtherVersion(_) => 4,
+            Outcome::SteppedAside => 5,
+            Outcome::Standby => 6,
+        }
+    }
+
+    fn read(slot: &Handoff) -> Outcome {
+        match slot.outcome {
+            1 => Outcome::Reaped,
+            2 => Outcome::Failed,
+            3 => Outcome::NoExtension,
+            4 => Outcome::OtherVersion(
+                String::from_utf8_lossy(&slot.detail[..slot.detail_len]).into_owned(),
+            ),
+            5 => Outcome::SteppedAside,
+            6 => Outcome::Standby,
+            _ => Outcome::Started,
+        }
+    }
+}
+
 pub fn register_launcher() {
     BackgroundWorkerBuilder::new("lockext launcher")
         .set_type("lockext launcher")
@@ -126,101 +224,414 @@ pub extern "C-unwind" fn lockext_launcher_main(_arg: pg_sys::Datum) {
     // No database: the launcher reads only pg_database, a shared catalog.
     BackgroundWorker::connect_worker_to_spi(None, None);
     pin_search_path();
-    let mut launcher = Launcher::default();
+    let mut launcher = Launcher::new();
     loop {
-        launcher.reconcile();
-        if !BackgroundWorker::wait_latch(Some(LAUNCHER_NAP)) {
+        launcher.tick();
+        // Woken early by a reload, or by the postmaster when a round starts or stops
+        // (SIGUSR1, as the rounds' notify pid).
+        if !BackgroundWorker::wait_latch(Some(launcher.nap())) {
             break;
         }
-        reload_settings_if_asked();
+        if BackgroundWorker::sighup_received() {
+            unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
+            launcher.reloaded();
+        }
     }
     launcher.stop_all();
 }
 
-#[derive(Default)]
+/// Why a served database waits for its next round.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Waiting {
+    /// `lockext.reap_interval` after its last round ended (re-read at a reload).
+    Interval,
+    /// Anything else: a look for lockext, a busy database, a back-off.
+    Fixed,
+}
+
+/// A database the launcher serves.
+struct Served {
+    name: String,
+    /// The database's owner (`datdba`): see `answer_to_owner`.
+    owner: u32,
+    /// Named in `lockext.database` (not only matched by `*`): a missing extension there
+    /// is worth a LOG line, once.
+    named: bool,
+    next_round: Instant,
+    last_end: Instant,
+    waiting: Waiting,
+    failures: u32,
+    /// What the launcher last logged about it, so that each thing is logged once.
+    logged: Option<Outcome>,
+}
+
+/// A round running now: its worker and its handoff slot.
+struct Round {
+    database: u32,
+    slot: usize,
+    handle: *mut pg_sys::BackgroundWorkerHandle,
+}
+
+impl Round {
+    fn stopped(&self) -> bool {
+        let mut pid: pg_sys::pid_t = 0;
+        let status = unsafe { pg_sys::GetBackgroundWorkerPid(self.handle, &mut pid) };
+        matches!(
+            status,
+            pg_sys::BgwHandleStatus::BGWH_STOPPED | pg_sys::BgwHandleStatus::BGWH_POSTMASTER_DIED
+        )
+    }
+
+    fn terminate(&self) {
+        unsafe { pg_sys::TerminateBackgroundWorker(self.handle) };
+    }
+}
+
+impl Drop for Round {
+    fn drop(&mut self) {
+        // Allocated by RegisterDynamicBackgroundWorker in TopMemoryContext (`start`).
+        unsafe { pg_sys::pfree(self.handle.cast()) };
+    }
+}
+
 struct Launcher {
-    reapers: HashMap<String, DynamicBackgroundWorker>,
-    reported_missing: HashSet<String>,
+    served: HashMap<u32, Served>,
+    rounds: Vec<Round>,
+    next_scan: Instant,
+    /// Named databases the launcher cannot serve, with what it logged about each.
+    unservable: HashMap<String, &'static str>,
 }
 
 impl Launcher {
-    fn reconcile(&mut self) {
-        let wanted = settings::databases();
-        // Drop reapers that stopped (they are started again below) or are no longer wanted.
-        let stale: Vec<String> = self
-            .reapers
-            .iter()
-            .filter(|(db, worker)| !wanted.contains(db) || has_stopped(worker))
-            .map(|(db, _)| db.clone())
-            .collect();
-        for db in stale {
-            if let Some(worker) = self.reapers.remove(&db) {
-                if !has_stopped(&worker) {
-                    log!("lockext: stopping the reaper of database \"{db}\"");
-                    worker.terminate();
+    fn new() -> Launcher {
+        Launcher {
+            served: HashMap::new(),
+            rounds: Vec::new(),
+            next_scan: Instant::now(),
+            unservable: HashMap::new(),
+        }
+    }
+
+    fn tick(&mut self) {
+        self.collect_finished();
+        if Instant::now() >= self.next_scan {
+            self.scan();
+            self.next_scan = Instant::now() + SCAN_INTERVAL;
+        }
+        self.start_due();
+    }
+
+    /// How long the launcher may sleep: until the next scan or the next due round.
+    fn nap(&self) -> Duration {
+        let now = Instant::now();
+        let mut until = self.next_scan;
+        if self.rounds.len() < MAX_ROUNDS {
+            for (oid, db) in &self.served {
+                if !self.running(*oid) {
+                    until = until.min(db.next_round);
                 }
             }
         }
-        for db in wanted {
-            if !self.reapers.contains_key(&db) {
-                self.start(db);
+        until
+            .saturating_duration_since(now)
+            .max(Duration::from_millis(1))
+    }
+
+    /// A reload may change the list and the interval: look again now, and move the rounds
+    /// that wait for the interval to the new one (from an hour to a second, say).
+    fn reloaded(&mut self) {
+        self.next_scan = Instant::now();
+        let interval = reap_interval();
+        for db in self.served.values_mut() {
+            if db.waiting == Waiting::Interval {
+                db.next_round = db.last_end + interval;
             }
         }
     }
 
-    fn start(&mut self, db: String) {
-        if !database_exists(&db) {
-            if self.reported_missing.insert(db.clone()) {
-                log!(
-                    "lockext: database \"{db}\" named in lockext.database does not exist; \
-                     its reaper will start when it does"
-                );
+    fn running(&self, oid: u32) -> bool {
+        self.rounds.iter().any(|r| r.database == oid)
+    }
+
+    /// Reads pg_database and settles which databases are served.
+    fn scan(&mut self) {
+        // pg_upgrade's server (-b) restores schemas, and drops and creates databases: no
+        // round belongs there.
+        let wanted = if unsafe { pg_sys::IsBinaryUpgrade } {
+            settings::Databases::Named(Vec::new())
+        } else {
+            settings::databases()
+        };
+        let rows = match in_transaction(|| Ok(database_rows())) {
+            Ok(rows) => rows,
+            Err(message) => {
+                log!("lockext: the launcher could not read pg_database: {message}");
+                return;
             }
-            return;
+        };
+        let now = Instant::now();
+        let mut serving = HashSet::new();
+        for row in &rows {
+            if !wanted.includes(&row.name) {
+                continue;
+            }
+            let named = matches!(wanted, settings::Databases::Named(_));
+            if let Some(why) = row.not_enterable() {
+                if named {
+                    self.cannot_serve(&row.name, why);
+                }
+                continue;
+            }
+            self.unservable.remove(&row.name);
+            serving.insert(row.oid);
+            let db = self.served.entry(row.oid).or_insert_with(|| Served {
+                name: row.name.clone(),
+                owner: row.owner,
+                named,
+                next_round: now,
+                last_end: now,
+                waiting: Waiting::Fixed,
+                failures: 0,
+                logged: None,
+            });
+            db.name.clone_from(&row.name);
+            db.owner = row.owner;
+            db.named = named;
         }
-        self.reported_missing.remove(&db);
-        let started = BackgroundWorkerBuilder::new(&format!("lockext reaper {db}"))
+        if let settings::Databases::Named(names) = &wanted {
+            for name in names {
+                if !rows.iter().any(|row| &row.name == name) {
+                    self.cannot_serve(name, "does not exist; its reaper will start when it does");
+                }
+            }
+        }
+        // Let go of the rest: a dropped database, one no longer wanted.
+        let gone: Vec<u32> = self
+            .served
+            .keys()
+            .copied()
+            .filter(|oid| !serving.contains(oid))
+            .collect();
+        for oid in gone {
+            self.served.remove(&oid);
+            match self.rounds.iter().find(|r| r.database == oid) {
+                // Its status row goes when the round has ended (`collect_finished`).
+                Some(round) => round.terminate(),
+                None => status::forget(pg_sys::Oid::from(oid)),
+            }
+        }
+        self.unservable.retain(|name, _| wanted.includes(name));
+    }
+
+    fn cannot_serve(&mut self, name: &str, why: &'static str) {
+        if self.unservable.get(name) != Some(&why) {
+            log!("lockext: database \"{name}\" named in lockext.database {why}");
+            self.unservable.insert(name.to_string(), why);
+        }
+    }
+
+    /// Starts the rounds that are due, earliest first, while slots are free.
+    fn start_due(&mut self) {
+        while self.rounds.len() < MAX_ROUNDS {
+            let now = Instant::now();
+            let Some(oid) = self
+                .served
+                .iter()
+                .filter(|(oid, db)| db.next_round <= now && !self.running(**oid))
+                .min_by_key(|(_, db)| db.next_round)
+                .map(|(oid, _)| *oid)
+            else {
+                return;
+            };
+            let busy =
+                in_transaction(|| Ok(wanted_elsewhere(pg_sys::Oid::from(oid)))).unwrap_or(true);
+            if busy {
+                self.wait(oid, BUSY_RETRY);
+                continue;
+            }
+            if let Err(why) = self.start(oid) {
+                let db = &self.served[&oid];
+                log!(
+                    "lockext: could not start a reaper round for database \"{}\": {why}",
+                    db.name
+                );
+                self.failed(oid);
+            }
+        }
+    }
+
+    fn start(&mut self, oid: u32) -> Result<(), &'static str> {
+        let Some(db) = self.served.get(&oid) else {
+            return Err("it is no longer served");
+        };
+        let Some(slot) = (0..MAX_ROUNDS).find(|i| !self.rounds.iter().any(|r| r.slot == *i)) else {
+            return Err("every round slot is taken");
+        };
+        HANDOFFS.exclusive().slots[slot] = Handoff {
+            database: oid,
+            owner: db.owner,
+            named: db.named,
+            ..Handoff::default()
+        };
+        let builder = BackgroundWorkerBuilder::new(&format!("lockext reaper {}", db.name))
             .set_type("lockext reaper")
             .set_library("lockext")
             .set_function("lockext_reaper_main")
             .enable_spi_access()
-            .set_extra(&db)
+            .set_argument(Some(pg_sys::Datum::from(slot)))
+            .set_extra(&db.name)
             .set_notify_pid(backend::pid())
-            .set_restart_time(None)
-            .load_dynamic();
-        match started {
-            Ok(worker) => {
-                self.reapers.insert(db, worker);
+            .set_restart_time(None);
+        let mut worker: pg_sys::BackgroundWorker = (&builder).into();
+        let mut handle: *mut pg_sys::BackgroundWorkerHandle = std::ptr::null_mut();
+        // The handle outlives this call (the round's life): not in a transaction's memory.
+        let registered = unsafe {
+            let old = pg_sys::MemoryContextSwitchTo(pg_sys::TopMemoryContext);
+            let ok = pg_sys::RegisterDynamicBackgroundWorker(&mut worker, &mut handle);
+            pg_sys::MemoryContextSwitchTo(old);
+            ok
+        };
+        if !registered {
+            HANDOFFS.exclusive().slots[slot] = Handoff::default();
+            return Err("no background worker slot is free (max_worker_processes)");
+        }
+        self.rounds.push(Round {
+            database: oid,
+            slot,
+            handle,
+        });
+        Ok(())
+    }
+
+    /// Takes in the rounds that have ended and schedules each database's next one.
+    fn collect_finished(&mut self) {
+        let mut i = 0;
+        while i < self.rounds.len() {
+            if !self.rounds[i].stopped() {
+                i += 1;
+                continue;
             }
-            Err(e) => {
-                log!("lockext: could not start the reaper of database \"{db}\": {e:?}")
+            let round = self.rounds.swap_remove(i);
+            let outcome = {
+                let mut handoffs = HANDOFFS.exclusive();
+                let outcome = Outcome::read(&handoffs.slots[round.slot]);
+                handoffs.slots[round.slot] = Handoff::default();
+                outcome
+            };
+            if self.served.contains_key(&round.database) {
+                self.ended(round.database, outcome);
+            } else {
+                status::forget(pg_sys::Oid::from(round.database));
             }
+        }
+    }
+
+    fn ended(&mut self, oid: u32, outcome: Outcome) {
+        let Some(db) = self.served.get_mut(&oid) else {
+            return;
+        };
+        let now = Instant::now();
+        db.last_end = now;
+        match &outcome {
+            Outcome::Reaped => {
+                db.failures = 0;
+                db.logged = None;
+                db.waiting = Waiting::Interval;
+                db.next_round = now + reap_interval();
+            }
+            Outcome::NoExtension | Outcome::OtherVersion(_) => {
+                db.failures = 0;
+                if db.logged.as_ref() != Some(&outcome) {
+                    match &outcome {
+                        Outcome::OtherVersion(version) => log!(
+                            "lockext: database \"{}\": {}",
+                            db.name,
+                            crate::compat::reaper_waits(version)
+                        ),
+                        // Only a database the setting names is expected to have it.
+                        _ if db.named => log!(
+                            "lockext: extension lockext is not installed in database \"{}\"; \
+                             the reaper waits for it",
+                            db.name
+                        ),
+                        _ => {}
+                    }
+                    db.logged = Some(outcome.clone());
+                }
+                if outcome == Outcome::NoExtension && !db.named {
+                    // Never installed, or dropped: nothing to report until it comes.
+                    status::forget(pg_sys::Oid::from(oid));
+                }
+                db.waiting = Waiting::Fixed;
+                db.next_round = now + PROBE_INTERVAL;
+            }
+            Outcome::SteppedAside => self.wait(oid, BUSY_RETRY),
+            Outcome::Standby => self.wait(oid, PROBE_INTERVAL),
+            // The round said why in the log, or died (and the server said why).
+            Outcome::Failed | Outcome::Started => self.failed(oid),
+        }
+    }
+
+    fn wait(&mut self, oid: u32, wait: Duration) {
+        if let Some(db) = self.served.get_mut(&oid) {
+            db.waiting = Waiting::Fixed;
+            db.next_round = Instant::now() + wait;
+        }
+    }
+
+    /// A failed round: the next waits twice as long as the last, up to `MAX_BACKOFF`.
+    fn failed(&mut self, oid: u32) {
+        if let Some(db) = self.served.get_mut(&oid) {
+            db.failures = db.failures.saturating_add(1);
+            let base = reap_interval().max(Duration::from_secs(1));
+            let wait = base
+                .saturating_mul(1u32 << db.failures.min(16).saturating_sub(1))
+                .min(MAX_BACKOFF);
+            db.waiting = Waiting::Fixed;
+            db.next_round = Instant::now() + wait;
         }
     }
 
     fn stop_all(&mut self) {
-        for (_, worker) in self.reapers.drain() {
-            worker.terminate();
+        for round in self.rounds.drain(..) {
+            round.terminate();
         }
     }
 }
 
-/// Whether `db` exists, read from pg_database with a plain scan: a process connected to no
-/// database cannot use catalog indexes until some backend has cached them.
-/// A reaper registered a moment ago has not started yet: that is not a dead one.
-fn has_stopped(worker: &DynamicBackgroundWorker) -> bool {
-    matches!(
-        worker.pid(),
-        Err(BackgroundWorkerStatus::Stopped | BackgroundWorkerStatus::PostmasterDied)
-    )
+fn reap_interval() -> Duration {
+    Duration::from_millis(settings::REAP_INTERVAL_MS.get().max(1) as u64)
 }
 
-fn database_exists(db: &str) -> bool {
-    in_transaction(|| Ok(database_names().iter().any(|name| name == db))).unwrap_or(false)
+/// One row of pg_database, as much of it as the launcher needs.
+struct DatabaseRow {
+    oid: u32,
+    name: String,
+    owner: u32,
+    allows_connections: bool,
+    template: bool,
+    /// `datconnlimit = -2`: a DROP DATABASE that was interrupted; nobody may connect.
+    invalid: bool,
 }
 
-fn database_names() -> Vec<String> {
-    let mut names = Vec::new();
+impl DatabaseRow {
+    fn not_enterable(&self) -> Option<&'static str> {
+        if self.template {
+            Some("is a template; the reaper never enters one")
+        } else if !self.allows_connections {
+            Some("does not allow connections; the reaper does not enter it")
+        } else if self.invalid {
+            Some("is invalid (a DROP DATABASE was interrupted); the reaper does not enter it")
+        } else {
+            None
+        }
+    }
+}
+
+/// pg_database, read with a plain scan: a process connected to no database cannot use
+/// catalog indexes until some backend has cached them.
+fn database_rows() -> Vec<DatabaseRow> {
+    let mut rows = Vec::new();
     unsafe {
         let rel = pg_sys::table_open(pg_sys::DatabaseRelationId, pg_sys::AccessShareLock as _);
         let scan = pg_sys::table_beginscan_catalog(rel, 0, std::ptr::null_mut());
@@ -230,23 +641,110 @@ fn database_names() -> Vec<String> {
                 break;
             }
             let header = (*tuple).t_data;
-            let row = (header as *const u8).add((*header).t_hoff as usize)
-                as *const pg_sys::FormData_pg_database;
-            let name = CStr::from_ptr((*row).datname.data.as_ptr());
-            names.push(name.to_string_lossy().into_owned());
+            let row = &*((header as *const u8).add((*header).t_hoff as usize)
+                as *const pg_sys::FormData_pg_database);
+            rows.push(DatabaseRow {
+                oid: row.oid.to_u32(),
+                name: CStr::from_ptr(row.datname.data.as_ptr())
+                    .to_string_lossy()
+                    .into_owned(),
+                owner: row.datdba.to_u32(),
+                allows_connections: row.datallowconn,
+                template: row.datistemplate,
+                invalid: row.datconnlimit == -2,
+            });
         }
         pg_sys::table_endscan(scan);
         pg_sys::table_close(rel, pg_sys::AccessShareLock as _);
     }
-    names
+    rows
 }
 
+/// Whether someone holds or waits for the database object `database` in a mode that keeps
+/// new connections out: DROP DATABASE, ALTER DATABASE RENAME and SET TABLESPACE (access
+/// exclusive), CREATE DATABASE with it as the template (share). Each of them then waits
+/// for the database's other processes to leave. Tried with the lock every connection takes
+/// at start-up (row exclusive), without waiting, and released at once. In a transaction.
+fn wanted_elsewhere(database: pg_sys::Oid) -> bool {
+    let tag = pg_sys::LOCKTAG {
+        locktag_field1: 0, // a shared object: no database
+        locktag_field2: pg_sys::DatabaseRelationId.to_u32(),
+        locktag_field3: database.to_u32(),
+        locktag_field4: 0,
+        locktag_type: pg_sys::LockTagType::LOCKTAG_OBJECT as u8,
+        locktag_lockmethodid: pg_sys::DEFAULT_LOCKMETHOD as u8,
+    };
+    let mode = pg_sys::RowExclusiveLock as pg_sys::LOCKMODE;
+    let got = unsafe { pg_sys::LockAcquire(&tag, mode, false, true) };
+    if got == pg_sys::LockAcquireResult::LOCKACQUIRE_NOT_AVAIL {
+        return true;
+    }
+    unsafe { pg_sys::LockRelease(&tag, mode, false) };
+    false
+}
+
+/// What a round was started with, from its handoff slot.
+struct Job {
+    database: pg_sys::Oid,
+    owner: pg_sys::Oid,
+    named: bool,
+}
+
+fn job(slot: usize) -> Option<Job> {
+    let handoffs = HANDOFFS.share();
+    let job = handoffs.slots.get(slot)?;
+    (job.database != 0).then(|| Job {
+        database: pg_sys::Oid::from(job.database),
+        owner: pg_sys::Oid::from(job.owner),
+        named: job.named,
+    })
+}
+
+/// Makes this round a process of the database's owner for PostgreSQL's signalling rules,
+/// while it keeps running as the bootstrap superuser. A background worker belongs to no
+/// role (`roleId` 0), and DROP DATABASE ... WITH (FORCE) refuses (42501) to end a process
+/// of a role its caller is not a member of; so a round connected at that moment would make
+/// the owner's FORCE fail where a database without sessions lets it through. As the
+/// owner's, the round is ended by the owner's FORCE (and pg_terminate_backend), as the
+/// owner's own sessions are. Nothing else reads it of a background worker: connection
+/// limits do not count background workers, and pg_stat_activity shows the session user.
+fn answer_to_owner(owner: pg_sys::Oid) {
+    if owner != pg_sys::InvalidOid {
+        unsafe { (*pg_sys::MyProc).roleId = owner };
+    }
+}
+
+fn finish(slot: usize, outcome: &Outcome) {
+    let mut handoffs = HANDOFFS.exclusive();
+    if let Some(job) = handoffs.slots.get_mut(slot) {
+        job.outcome = outcome.code();
+        if let Outcome::OtherVersion(version) = outcome {
+            let bytes = version.as_bytes();
+            let len = bytes.len().min(job.detail.len());
+            job.detail[..len].copy_from_slice(&bytes[..len]);
+            job.detail_len = len;
+        }
+    }
+}
+
+/// One round in one database: the worker the launcher starts, which exits when done.
 #[pg_guard]
 #[unsafe(no_mangle)]
-pub extern "C-unwind" fn lockext_reaper_main(_arg: pg_sys::Datum) {
+pub extern "C-unwind" fn lockext_reaper_main(arg: pg_sys::Datum) {
     BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
-    let db = BackgroundWorker::get_extra().to_string();
-    BackgroundWorker::connect_worker_to_spi(Some(&db), None);
+    let slot = arg.value();
+    let Some(Job {
+        database,
+        owner,
+        named,
+    }) = job(slot)
+    else {
+        return;
+    };
+    // By oid: a database renamed since the launcher's scan is still the one meant. One
+    // dropped since makes PostgreSQL end this process (FATAL, "does not exist").
+    BackgroundWorker::connect_worker_to_spi_by_oid(Some(database), None);
+    answer_to_owner(owner);
     unsafe { pg_sys::pgstat_report_appname(c"lockext reaper".as_ptr()) };
     pin_search_path();
     // Reaping is cleanup: a batch lost in a crash is deleted again in the next round.
@@ -258,47 +756,54 @@ pub extern "C-unwind" fn lockext_reaper_main(_arg: pg_sys::Datum) {
             pg_sys::GucSource::PGC_S_OVERRIDE,
         )
     };
-    let reporter = Reporter::claim(backend::database(), backend::pid());
-    let mut reported_no_extension = false;
-    let mut reported_version = None;
-    loop {
-        if !backend::in_recovery() {
-            match reap_round(&reporter) {
-                Ok(reaped) => {
-                    reported_no_extension = false;
-                    reported_version = None;
-                    reporter.round_done(reaped, None);
-                }
-                Err(RoundError::NoExtension) => {
-                    if !reported_no_extension {
-                        log!("lockext: extension lockext is not installed in database \"{db}\"; the reaper waits for it");
-                        reported_no_extension = true;
-                    }
-                    reporter.round_done(
-                        0,
-                        Some("extension lockext is not installed in this database"),
-                    );
-                }
-                Err(RoundError::OtherVersion(version)) => {
-                    let waits = crate::compat::reaper_waits(&version);
-                    if reported_version.as_ref() != Some(&version) {
-                        log!("lockext: database \"{db}\": {waits}");
-                        reported_version = Some(version);
-                    }
-                    reporter.round_done(0, Some(&waits));
-                }
-                Err(RoundError::Failed { reaped, message }) => {
-                    log!("lockext: the reaper of database \"{db}\" failed: {message}");
-                    reporter.round_done(reaped, Some(&message));
-                }
+    let outcome = if backend::in_recovery() {
+        Outcome::Standby
+    } else {
+        one_round(database, named)
+    };
+    finish(slot, &outcome);
+}
+
+fn one_round(database: pg_sys::Oid, named: bool) -> Outcome {
+    let reporter = || Reporter::claim(database, backend::pid());
+    match reap_round(database, &reporter) {
+        Ok(None) => Outcome::SteppedAside,
+        Ok(Some((reporter, reaped))) => {
+            reporter.round_done(reaped, None);
+            Outcome::Reaped
+        }
+        Err(RoundError::NoExtension) => {
+            debug1!(
+                "lockext: no extension lockext in database \"{}\"; looked for again in {} s",
+                database_name(),
+                PROBE_INTERVAL.as_secs()
+            );
+            if named {
+                reporter().round_done(
+                    0,
+                    Some("extension lockext is not installed in this database"),
+                );
             }
+            Outcome::NoExtension
         }
-        let interval = Duration::from_millis(settings::REAP_INTERVAL_MS.get().max(1) as u64);
-        if !BackgroundWorker::wait_latch(Some(interval)) {
-            break;
+        Err(RoundError::OtherVersion(version)) => {
+            reporter().round_done(0, Some(&crate::compat::reaper_waits(&version)));
+            Outcome::OtherVersion(version)
         }
-        reload_settings_if_asked();
+        Err(RoundError::Failed { reaped, message }) => {
+            log!(
+                "lockext: the reaper of database \"{}\" failed: {message}",
+                database_name()
+            );
+            reporter().round_done(reaped, Some(&message));
+            Outcome::Failed
+        }
     }
+}
+
+/// The name the launcher knew the database by (a catalog lookup needs a transaction).
+fn database_name() -> &'static str {
+    BackgroundWorker::get_extra()
 }
 
 enum RoundError {
@@ -313,27 +818,57 @@ enum RoundError {
     },
 }
 
-/// Deletes batches of expired leases until a batch comes back short. Returns how many.
-fn reap_round(reporter: &Reporter) -> Result<u64, RoundError> {
-    let installed = in_transaction(crate::compat::installed_version)
-        .map_err(|message| RoundError::Failed { reaped: 0, message })?;
+/// Deletes batches of expired leases until a batch comes back short, or until a DROP
+/// DATABASE (or the like) wants the database (then `None`). Returns the round's reporter
+/// and how many it deleted.
+fn reap_round(
+    database: pg_sys::Oid,
+    reporter: &impl Fn() -> Reporter,
+) -> Result<Option<(Reporter, u64)>, RoundError> {
+    let installed = in_transaction(|| {
+        if wanted_elsewhere(database) {
+            return Ok(None);
+        }
+        crate::compat::installed_version().map(Some)
+    })
+    .map_err(|message| RoundError::Failed { reaped: 0, message })?;
     match installed {
-        None => return Err(RoundError::NoExtension),
-        Some(version) if version != crate::compat::LIBRARY_VERSION => {
+        None => return Ok(None),
+        Some(None) => return Err(RoundError::NoExtension),
+        Some(Some(version)) if version != crate::compat::LIBRARY_VERSION => {
             return Err(RoundError::OtherVersion(version))
         }
-        Some(_) => {}
+        Some(Some(_)) => {}
     }
+    let reporter = reporter();
     let mut reaped = 0u64;
     loop {
         let batch_size = settings::REAP_BATCH_SIZE.get();
-        let (n, more) = in_transaction(|| reap_batch(batch_size))
-            .map_err(|message| RoundError::Failed { reaped, message })?;
+        let batch = in_transaction(|| {
+            if wanted_elsewhere(database) {
+                return Ok(None);
+            }
+            reap_batch(batch_size).map(Some)
+        });
+        let (n, more) = match batch {
+            Ok(Some(batch)) => batch,
+            Ok(None) => {
+                reporter.round_done(reaped, None);
+                return Ok(None);
+            }
+            Err(message) => {
+                reporter.round_done(reaped, Some(&message));
+                return Err(RoundError::Failed { reaped, message });
+            }
+        };
         reaped += n;
         reporter.batch(n);
         crate::stats::add(crate::stats::Counter::LeasesReaped, n);
         if !more || BackgroundWorker::sigterm_received() {
-            return Ok(reaped);
+            return Ok(Some((reporter, reaped)));
+        }
+        if BackgroundWorker::sighup_received() {
+            unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
         }
     }
 }
@@ -399,11 +934,4 @@ pub fn reap_batch(limit: i32) -> Result<(u64, bool), LockError> {
         }
         Ok((total, more))
     })
-}
-
-/// A worker must re-read postgresql.conf itself when told to (pg_reload_conf, SIGHUP).
-fn reload_settings_if_asked() {
-    if BackgroundWorker::sighup_received() {
-        unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
-    }
 }

@@ -36,8 +36,7 @@ pub fn durability() -> Durability {
     DURABILITY.get()
 }
 
-pub static DATABASE: GucSetting<Option<CString>> =
-    GucSetting::<Option<CString>>::new(Some(c"postgres"));
+pub static DATABASE: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c"*"));
 pub static REAP_INTERVAL_MS: GucSetting<i32> = GucSetting::<i32>::new(1000);
 pub static REAP_BATCH_SIZE: GucSetting<i32> = GucSetting::<i32>::new(1000);
 pub static LOCK_DELAY_MS: GucSetting<i32> = GucSetting::<i32>::new(0);
@@ -61,8 +60,9 @@ pub fn define() {
     }
     GucRegistry::define_string_guc(
         c"lockext.database",
-        c"Databases whose expired leases the reaper clears (comma-separated).",
-        c"One reaper process runs per listed database that exists.",
+        c"Databases whose expired leases the reaper clears: * (every database with lockext), \
+          a comma-separated list, or empty for none.",
+        c"The reaper enters no template and no database that does not allow connections.",
         &DATABASE,
         GucContext::Sighup,
         GucFlags::default(),
@@ -121,17 +121,40 @@ pub fn define() {
     unsafe { pg_sys::MarkGUCPrefixReserved(c"lockext".as_ptr()) };
 }
 
-/// The database names in `lockext.database`, trimmed, without empties or repeats.
-pub fn databases() -> Vec<String> {
+/// Which databases `lockext.database` lets the reaper serve.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Databases {
+    /// `*`: every database that allows connections, is no template and has lockext.
+    Every,
+    /// These names (trimmed, without empties or repeats); an empty list serves none.
+    Named(Vec<String>),
+}
+
+impl Databases {
+    pub fn includes(&self, name: &str) -> bool {
+        match self {
+            Databases::Every => true,
+            Databases::Named(names) => names.iter().any(|n| n == name),
+        }
+    }
+}
+
+/// What `lockext.database` says now. A `*` anywhere in the list means every database,
+/// like `listen_addresses = '*'`; names are compared as written (PostgreSQL's database
+/// names are case-sensitive once created).
+pub fn databases() -> Databases {
     let raw = DATABASE
         .get()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_default();
     let mut names: Vec<String> = Vec::new();
     for name in raw.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+        if name == "*" {
+            return Databases::Every;
+        }
         if !names.iter().any(|n| n == name) {
             names.push(name.to_string());
         }
     }
-    names
+    Databases::Named(names)
 }

@@ -100,6 +100,17 @@ impl Reporter {
     }
 }
 
+/// Frees the slot of `database`, whose reaper was let go (lockext dropped there, the
+/// database dropped, or no longer in `lockext.database`): reaper_status stops showing it,
+/// and another database may report in its place.
+pub fn forget(database: pg_sys::Oid) {
+    let db = database.to_u32();
+    let mut board = BOARD.exclusive();
+    for slot in board.slots.iter_mut().filter(|s| s.database == db) {
+        *slot = ReaperSlot::default();
+    }
+}
+
 /// The longest prefix of `bytes` (UTF-8) no longer than `max` that ends on a character.
 fn floor_char_boundary(bytes: &[u8], max: usize) -> usize {
     let mut len = bytes.len().min(max);
@@ -109,7 +120,8 @@ fn floor_char_boundary(bytes: &[u8], max: usize) -> usize {
     len
 }
 
-/// One row per database that has a reaper: its process, its last round, its counts.
+/// One row per database that the reaper serves: the process of its last round, when that
+/// round ended, its counts.
 // The row type is spelled out where pgrx reads its column names.
 #[allow(clippy::type_complexity)]
 #[pg_extern(volatile, parallel_safe)]

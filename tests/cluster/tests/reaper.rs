@@ -100,8 +100,20 @@ fn reaper_shows_in_pg_stat_activity_and_follows_reloaded_settings() {
         "{}",
         cluster.log()
     );
-    let pid = eventually(Duration::from_secs(10), "a reaper for postgres", || {
-        reaper_pid(&mut c, "postgres")
+    // A round is a process of its own for as long as it runs: hold one open on a table
+    // lock (its DELETE waits for it) to look at it.
+    let mut holder = cluster.connect();
+    holder
+        .batch_execute("BEGIN; LOCK TABLE lockext.locks IN SHARE MODE")
+        .unwrap();
+    let pid = eventually(Duration::from_secs(10), "a round of postgres waits", || {
+        c.query_opt(
+            "SELECT pid FROM pg_stat_activity WHERE backend_type = 'lockext reaper' \
+               AND datname = 'postgres' AND wait_event_type = 'Lock'",
+            &[],
+        )
+        .unwrap()
+        .map(|r| r.get::<_, i32>(0))
     });
     let app: String = c
         .query_one(
@@ -111,6 +123,16 @@ fn reaper_shows_in_pg_stat_activity_and_follows_reloaded_settings() {
         .unwrap()
         .get(0);
     assert_eq!(app, "lockext reaper");
+    holder.batch_execute("COMMIT").unwrap();
+    eventually(Duration::from_secs(10), "the held round ends", || {
+        c.query_one(
+            "SELECT count(*) = 0 FROM pg_stat_activity WHERE pid = $1",
+            &[&pid],
+        )
+        .unwrap()
+        .get::<_, bool>(0)
+        .then_some(())
+    });
     let launchers: i64 = c
         .query_one(
             "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'lockext launcher'",
@@ -225,36 +247,71 @@ fn hundred_thousand_expired_leases_clear_in_batches_while_clients_never_wait() {
 }
 
 #[test]
-fn postmaster_restarts_a_killed_reaper_and_no_live_lease_is_lost() {
+fn postmaster_restarts_after_a_killed_round_and_a_killed_launcher_and_no_live_lease_is_lost() {
     let cluster = Cluster::start("reap-kill", INTERVAL);
     let mut c = cluster.connect();
     let token = acquire(&mut c, "survivor", "alive-client", "1 hour").unwrap();
-    let old = eventually(Duration::from_secs(10), "a reaper", || {
-        reaper_pid(&mut c, "postgres")
-    });
-    signal(old, "KILL");
-    // A SIGKILLed child makes the postmaster reset every backend; reconnect.
-    thread::sleep(Duration::from_millis(200));
-    let mut c = cluster.reconnect(Duration::from_secs(30));
-    let new = eventually(Duration::from_secs(30), "a new reaper", || {
-        reaper_pid(&mut c, "postgres").filter(|&p| p != old)
-    });
-    assert_ne!(new, old);
-    let row = c
-        .query_one(
-            "SELECT owner, fence_token FROM lockext.locks WHERE lock_id = 'survivor'",
+    // A round held on a table lock, then SIGKILLed in the middle of its DELETE.
+    let mut holder = cluster.connect();
+    holder
+        .batch_execute("BEGIN; LOCK TABLE lockext.locks IN SHARE MODE")
+        .unwrap();
+    let round = eventually(Duration::from_secs(10), "a round of postgres waits", || {
+        c.query_opt(
+            "SELECT pid FROM pg_stat_activity WHERE backend_type = 'lockext reaper' \
+               AND datname = 'postgres' AND wait_event_type = 'Lock'",
             &[],
         )
-        .expect("the live lease survived");
-    assert_eq!(
-        (row.get::<_, String>(0), row.get::<_, i64>(1)),
-        ("alive-client".to_string(), token)
-    );
-    // And the new reaper works.
-    acquire(&mut c, "after-crash", "dead-client", "100 milliseconds").unwrap();
-    eventually(Duration::from_secs(10), "the new reaper reaps", || {
-        (!lease_exists(&mut c, "after-crash")).then_some(())
+        .unwrap()
+        .map(|r| r.get::<_, i32>(0))
     });
+    let launcher: i32 = c
+        .query_one(
+            "SELECT pid FROM pg_stat_activity WHERE backend_type = 'lockext launcher'",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    for (what, pid) in [("round", round), ("launcher", launcher)] {
+        let mut c = cluster.reconnect(Duration::from_secs(30));
+        if what == "launcher" {
+            // The launcher of the server that came back.
+            let new: i32 = eventually(Duration::from_secs(30), "a launcher", || {
+                c.query_opt(
+                    "SELECT pid FROM pg_stat_activity WHERE backend_type = 'lockext launcher'",
+                    &[],
+                )
+                .unwrap()
+                .map(|r| r.get(0))
+            });
+            assert_ne!(new, pid);
+            signal(new, "KILL");
+        } else {
+            signal(pid, "KILL");
+        }
+        // A SIGKILLed child makes the postmaster reset every backend; reconnect.
+        thread::sleep(Duration::from_millis(200));
+        let mut c = cluster.reconnect(Duration::from_secs(30));
+        let row = c
+            .query_one(
+                "SELECT owner, fence_token FROM lockext.locks WHERE lock_id = 'survivor'",
+                &[],
+            )
+            .expect("the live lease survived");
+        assert_eq!(
+            (row.get::<_, String>(0), row.get::<_, i64>(1)),
+            ("alive-client".to_string(), token)
+        );
+        // And reaping goes on.
+        let lock = format!("after-{what}");
+        acquire(&mut c, &lock, "dead-client", "100 milliseconds").unwrap();
+        eventually(
+            Duration::from_secs(30),
+            "reaping goes on after the crash",
+            || (!lease_exists(&mut c, &lock)).then_some(()),
+        );
+    }
+    drop(holder);
 }
 
 #[test]
@@ -281,9 +338,6 @@ fn missing_database_and_missing_extension_are_logged_once_and_retried() {
 
     c.batch_execute("CREATE DATABASE appdb").unwrap();
     let mut app = cluster.connect_to("appdb");
-    eventually(Duration::from_secs(20), "a reaper for appdb", || {
-        reaper_pid(&mut c, "appdb")
-    });
     eventually(
         Duration::from_secs(10),
         "the reaper reports the missing extension",
@@ -355,13 +409,17 @@ fn the_reaper_runs_no_function_a_member_planted_on_its_search_path() {
          RESET ROLE;",
     )
     .expect("plant the look-alikes");
-    // A new reaper plans its statements with the planted objects already there.
-    let old = reaper_pid(&mut c, "postgres").expect("a reaper serves postgres");
-    c.execute("SELECT pg_terminate_backend($1)", &[&old])
-        .expect("stop the reaper");
-    let new = eventually(Duration::from_secs(20), "a new reaper", || {
-        reaper_pid(&mut c, "postgres").filter(|&p| p != old)
-    });
+    // Every round is a new process, which plans its statements with the planted objects
+    // already there.
+    let rounds = |c: &mut Client| -> i64 {
+        c.query_one(
+            "SELECT rounds FROM lockext.reaper_status() WHERE database = 'postgres'",
+            &[],
+        )
+        .map(|r| r.get(0))
+        .unwrap_or(0)
+    };
+    let planted_at = rounds(&mut c);
     // A session-bound lease whose session ends: the session-gone path runs too.
     let mut gone = cluster.connect();
     gone.query_one(
@@ -370,18 +428,10 @@ fn the_reaper_runs_no_function_a_member_planted_on_its_search_path() {
     )
     .expect("session-bound lease");
     drop(gone);
-    let rounds = |c: &mut Client| -> i64 {
-        c.query_one(
-            "SELECT rounds FROM lockext.reaper_status() WHERE database = 'postgres' AND pid = $1",
-            &[&new],
-        )
-        .map(|r| r.get(0))
-        .unwrap_or(0)
-    };
     eventually(
         Duration::from_secs(20),
-        "ten rounds of the new reaper",
-        || (rounds(&mut c) >= 10).then_some(()),
+        "ten rounds since the planting",
+        || (rounds(&mut c) >= planted_at + 10).then_some(()),
     );
     let ran: Vec<(String, String)> = c
         .query("SELECT who::text, what FROM public.ran", &[])
