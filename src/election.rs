@@ -150,7 +150,9 @@ fn set_lease_value(
 /// when the lock is free.
 #[pg_extern(volatile, parallel_unsafe)]
 #[search_path(pg_catalog, pg_temp)]
-fn lock_holders(lock_id: Option<Text<'_>>) -> TableIterator<
+fn lock_holders(
+    lock_id: Option<Text<'_>>,
+) -> TableIterator<
     'static,
     (
         name!(owner, TextBuf),
@@ -273,16 +275,22 @@ fn read_holders(
         } else {
             None
         }
-            // SAFETY: a jsonb column of the current row, and SPI is connected.
-            .map(|datum| unsafe { Jsonb::transferred(datum) });
+        // SAFETY: a jsonb column of the current row, and SPI is connected.
+        .map(|datum| unsafe { Jsonb::transferred(datum) });
         holders.push(Holder {
             owner: rows.get_by_name("owner")?.ok_or(missing("owner"))?,
             kind: rows.get_by_name("kind")?.ok_or(missing("kind"))?,
-            token: rows.get_by_name("fence_token")?.ok_or(missing("fence_token"))?,
+            token: rows
+                .get_by_name("fence_token")?
+                .ok_or(missing("fence_token"))?,
             value,
             version: rows.get_by_name("version")?.unwrap_or(0),
-            acquired_at: rows.get_by_name("acquired_at")?.ok_or(missing("acquired_at"))?,
-            expires_at: rows.get_by_name("expires_at")?.ok_or(missing("expires_at"))?,
+            acquired_at: rows
+                .get_by_name("acquired_at")?
+                .ok_or(missing("acquired_at"))?,
+            expires_at: rows
+                .get_by_name("expires_at")?
+                .ok_or(missing("expires_at"))?,
         });
     }
     Ok(holders)

@@ -154,9 +154,9 @@ impl LockError {
             LockError::WaitNeedsReadCommitted | LockError::ObserveNeedsReadCommitted => {
                 ERRCODE_FEATURE_NOT_SUPPORTED // 0A000
             }
-            LockError::ClockOutOfRange => ERRCODE_DATETIME_FIELD_OVERFLOW,    // 22008
+            LockError::ClockOutOfRange => ERRCODE_DATETIME_FIELD_OVERFLOW, // 22008
             LockError::TokensExhausted { .. } => ERRCODE_SEQUENCE_GENERATOR_LIMIT_EXCEEDED, // 2200H
-            LockError::EraRecord { .. } => ERRCODE_IO_ERROR,                  // 58030
+            LockError::EraRecord { .. } => ERRCODE_IO_ERROR,               // 58030
             LockError::Spi(_) | LockError::MissingColumn { .. } => ERRCODE_INTERNAL_ERROR, // XX000
         }
     }

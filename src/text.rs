@@ -269,7 +269,11 @@ impl Jsonb {
     pub unsafe fn transferred(datum: pg_sys::Datum) -> Jsonb {
         unsafe {
             let flat = pg_sys::pg_detoast_datum(datum.cast_mut_ptr());
-            Jsonb(pg_sys::SPI_datumTransfer(pg_sys::Datum::from(flat), false, -1))
+            Jsonb(pg_sys::SPI_datumTransfer(
+                pg_sys::Datum::from(flat),
+                false,
+                -1,
+            ))
         }
     }
 }

@@ -17,7 +17,14 @@ use lockext_cluster_tests::leases::*;
 use lockext_cluster_tests::*;
 
 /// `lock_campaign(lock, owner, ttl, value, wait => wait)`: the token, or None.
-fn campaign(c: &mut Client, lock: &str, owner: &str, ttl: &str, value: &str, wait: &str) -> Option<i64> {
+fn campaign(
+    c: &mut Client,
+    lock: &str,
+    owner: &str,
+    ttl: &str,
+    value: &str,
+    wait: &str,
+) -> Option<i64> {
     c.query_one(
         "SELECT fence_token FROM lockext.lock_campaign($1, $2, $3::text::interval, $4::text::jsonb, wait => $5::text::interval)",
         &[&lock, &owner, &ttl, &value, &wait],
@@ -27,9 +34,21 @@ fn campaign(c: &mut Client, lock: &str, owner: &str, ttl: &str, value: &str, wai
 }
 
 /// What lock_observe returned: (changed, owner, token, value as text, version).
-type Observed = (bool, Option<String>, Option<i64>, Option<String>, Option<i64>);
+type Observed = (
+    bool,
+    Option<String>,
+    Option<i64>,
+    Option<String>,
+    Option<i64>,
+);
 
-fn observe(c: &mut Client, lock: &str, token: Option<i64>, version: Option<i64>, timeout: &str) -> Observed {
+fn observe(
+    c: &mut Client,
+    lock: &str,
+    token: Option<i64>,
+    version: Option<i64>,
+    timeout: &str,
+) -> Observed {
     let row = c
         .query_one(
             "SELECT changed, owner, fence_token, value::text, version \
@@ -55,7 +74,13 @@ fn holders_with_values(c: &mut Client, lock: &str) -> Vec<(String, i64, Option<S
 /// A psql client process that runs `script` and stays connected until killed.
 fn psql(cluster: &Cluster, script: &str) -> (Child, ChildStdin) {
     let mut child = Command::new(format!("{PG_BIN}/psql"))
-        .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", &cluster.url("postgres")])
+        .args([
+            "-X",
+            "-q",
+            "-v",
+            "ON_ERROR_STOP=1",
+            &cluster.url("postgres"),
+        ])
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -106,7 +131,14 @@ fn leader_killed_follower_takes_over_and_observers_learn() {
     let follower = thread::spawn(move || {
         let mut c = Client::connect(&url, NoTls).unwrap();
         c.batch_execute("SET lockext.notify = on").unwrap();
-        let token = campaign(&mut c, "svc", "node-2", "1 minute", r#"{"addr": "10.0.0.2:80"}"#, "20 seconds");
+        let token = campaign(
+            &mut c,
+            "svc",
+            "node-2",
+            "1 minute",
+            r#"{"addr": "10.0.0.2:80"}"#,
+            "20 seconds",
+        );
         ftx.send((token, Instant::now())).unwrap();
     });
 
@@ -114,7 +146,11 @@ fn leader_killed_follower_takes_over_and_observers_learn() {
     let killed_at = Instant::now();
     leader.kill().unwrap();
     leader.wait().unwrap();
-    not_yet(&rx, ms(500), "the observer, while the dead leader's lease is still live");
+    not_yet(
+        &rx,
+        ms(500),
+        "the observer, while the dead leader's lease is still live",
+    );
 
     let (token, granted_at) = frx.recv_timeout(Duration::from_secs(20)).unwrap();
     let token = token.expect("the follower takes over once the ttl has passed");
@@ -157,10 +193,15 @@ fn leader_killed_follower_takes_over_and_observers_learn() {
         .iter()
         .find(|e| e.contains("\"value_set\""))
         .expect("a value_set event");
-    assert!(value_set.contains(&format!("\"fence_token\" : {token}")), "{value_set}");
+    assert!(
+        value_set.contains(&format!("\"fence_token\" : {token}")),
+        "{value_set}"
+    );
     assert!(value_set.contains("\"version\" : 1"), "{value_set}");
     assert!(
-        events.iter().any(|e| e.contains("\"taken_over\"") || e.contains("\"expired\"")),
+        events
+            .iter()
+            .any(|e| e.contains("\"taken_over\"") || e.contains("\"expired\"")),
         "the old leader's end is an event: {events:?}"
     );
 }
@@ -178,20 +219,41 @@ fn observe_returns_on_value_change_and_on_resignation() {
         let mut c = Client::connect(&url, NoTls).unwrap();
         for known_version in [1, 2] {
             let t0 = Instant::now();
-            let seen = observe(&mut c, "svc", Some(token), Some(known_version), "30 seconds");
+            let seen = observe(
+                &mut c,
+                "svc",
+                Some(token),
+                Some(known_version),
+                "30 seconds",
+            );
             tx.send((seen, t0.elapsed())).unwrap();
         }
     });
     not_yet(&rx, ms(300), "the observer, before any change");
     let t0 = Instant::now();
     let version: i64 = leader
-        .query_one("SELECT lockext.lock_set_value('svc', 'node-1', $1, '\"v2\"')", &[&token])
+        .query_one(
+            "SELECT lockext.lock_set_value('svc', 'node-1', $1, '\"v2\"')",
+            &[&token],
+        )
         .unwrap()
         .get(0);
     assert_eq!(version, 2);
     let (seen, _) = rx.recv_timeout(Duration::from_secs(10)).unwrap();
-    println!("observer saw the value change {:?} after it was set", t0.elapsed());
-    assert_eq!(seen, (true, Some("node-1".into()), Some(token), Some(r#""v2""#.into()), Some(2)));
+    println!(
+        "observer saw the value change {:?} after it was set",
+        t0.elapsed()
+    );
+    assert_eq!(
+        seen,
+        (
+            true,
+            Some("node-1".into()),
+            Some(token),
+            Some(r#""v2""#.into()),
+            Some(2)
+        )
+    );
 
     // A resignation ends the next wait: the lock is free.
     not_yet(&rx, ms(300), "the observer, before the release");
@@ -206,13 +268,32 @@ fn stale_leader_cannot_overwrite_the_new_leaders_value() {
     let cluster = Cluster::start("election-stale", "");
     let mut old = cluster.connect();
     let mut new = cluster.connect();
-    let old_token = campaign(&mut old, "svc", "node-1", "300 milliseconds", r#""old""#, "0").unwrap();
+    let old_token = campaign(
+        &mut old,
+        "svc",
+        "node-1",
+        "300 milliseconds",
+        r#""old""#,
+        "0",
+    )
+    .unwrap();
     // The new leader waits for the old lease to run out; the old leader, paused past it,
     // comes back and tries to publish.
-    let new_token = campaign(&mut new, "svc", "node-2", "1 minute", r#""new""#, "10 seconds").unwrap();
+    let new_token = campaign(
+        &mut new,
+        "svc",
+        "node-2",
+        "1 minute",
+        r#""new""#,
+        "10 seconds",
+    )
+    .unwrap();
     assert!(new_token > old_token);
     expect_sqlstate(
-        old.query_one("SELECT lockext.lock_set_value('svc', 'node-1', $1, '\"old again\"')", &[&old_token]),
+        old.query_one(
+            "SELECT lockext.lock_set_value('svc', 'node-1', $1, '\"old again\"')",
+            &[&old_token],
+        ),
         "55L01",
         "a stale leader sets its value",
     );
@@ -220,18 +301,29 @@ fn stale_leader_cannot_overwrite_the_new_leaders_value() {
     new.batch_execute("CREATE ROLE intruder LOGIN; GRANT lockext_user TO intruder")
         .unwrap();
     let mut intruder = Client::connect(
-        &format!("host=127.0.0.1 port={} user=intruder dbname=postgres", cluster.port),
+        &format!(
+            "host=127.0.0.1 port={} user=intruder dbname=postgres",
+            cluster.port
+        ),
         NoTls,
     )
     .unwrap();
     expect_sqlstate(
-        intruder.query_one("SELECT lockext.lock_set_value('svc', 'node-2', $1, '\"evil\"')", &[&new_token]),
+        intruder.query_one(
+            "SELECT lockext.lock_set_value('svc', 'node-2', $1, '\"evil\"')",
+            &[&new_token],
+        ),
         "55L01",
         "another role sets the leader's value",
     );
     assert_eq!(
         holders_with_values(&mut old, "svc"),
-        [("node-2".to_string(), new_token, Some(r#""new""#.to_string()), 1)]
+        [(
+            "node-2".to_string(),
+            new_token,
+            Some(r#""new""#.to_string()),
+            1
+        )]
     );
 }
 
@@ -243,7 +335,8 @@ fn an_observer_holds_no_lock_and_delays_no_one() {
     let url = cluster.url("postgres");
     let observer = thread::spawn(move || {
         let mut c = Client::connect(&url, NoTls).unwrap();
-        c.batch_execute("SET application_name = 'observer'").unwrap();
+        c.batch_execute("SET application_name = 'observer'")
+            .unwrap();
         observe(&mut c, "svc", Some(token), Some(1), "3 seconds")
     });
     let mut admin = cluster.connect();
@@ -269,7 +362,10 @@ fn an_observer_holds_no_lock_and_delays_no_one() {
               WHERE l.pid = {pid} AND c.relnamespace = 'lockext'::regnamespace"
         ),
     );
-    assert_eq!(held, 0, "the observer keeps no lock on lockext's tables while it waits");
+    assert_eq!(
+        held, 0,
+        "the observer keeps no lock on lockext's tables while it waits"
+    );
     // What an administrator's DDL would take: at once, while the observer waits.
     admin
         .batch_execute(
@@ -284,7 +380,10 @@ fn an_observer_holds_no_lock_and_delays_no_one() {
     let other = campaign(&mut leader, "other", "node-1", "1 minute", "1", "0").unwrap();
     assert!(release(&mut leader, "other", "node-1"));
     assert!(other > token);
-    println!("renew, campaign, release beside an observer: {:?}", t0.elapsed());
+    println!(
+        "renew, campaign, release beside an observer: {:?}",
+        t0.elapsed()
+    );
     let seen = observer.join().unwrap();
     assert_eq!(seen.0, false, "nothing changed for it: {seen:?}");
     assert_eq!(seen.2, Some(token));
