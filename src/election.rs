@@ -148,6 +148,8 @@ fn set_lease_value(
 
 /// Every live grant of `lock_id`, oldest first (the leader first), with its value; no rows
 /// when the lock is free.
+// pgrx reads the columns from the signature itself, so they cannot be a type alias.
+#[allow(clippy::type_complexity)]
 #[pg_extern(volatile, parallel_unsafe)]
 #[search_path(pg_catalog, pg_temp)]
 fn lock_holders(
@@ -186,6 +188,7 @@ fn lock_holders(
 /// Waits until the leader of `lock_id` or its value is not the one the caller knows
 /// (`known_token`, NULL: none; `known_version`, NULL: 0), or `timeout` has passed, and
 /// returns one row: whether it changed, and the leader now (NULLs when the lock is free).
+#[allow(clippy::type_complexity)]
 #[pg_extern(volatile, parallel_unsafe)]
 #[search_path(pg_catalog, pg_temp)]
 fn lock_observe(
