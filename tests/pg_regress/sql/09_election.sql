@@ -2,7 +2,7 @@
 -- lockext_user asks who holds a lock now (lock_holders), and waits for that to change
 -- (lock_observe). A value belongs to one grant: once the grant is not live, nobody sees
 -- it. (Several sessions, SIGKILL of a leader and the events: tests/cluster/tests/election.rs;
--- a stale holder against the new leader: tests/isolation/specs/election.spec.)
+-- a stale holder against the new leader: tests/isolation/specs/leader_election.spec.)
 \set VERBOSITY default
 \set SHOW_CONTEXT never
 
