@@ -388,3 +388,48 @@ fn an_observer_holds_no_lock_and_delays_no_one() {
     assert_eq!(seen.0, false, "nothing changed for it: {seen:?}");
     assert_eq!(seen.2, Some(token));
 }
+
+#[test]
+fn the_reaper_deletes_values_of_grants_that_ended() {
+    let cluster = Cluster::start("election-reap", "lockext.reap_interval = '100ms'");
+    let mut c = cluster.connect();
+    // Released (a plain lock_release) and expired grants leave their values behind, shown to
+    // nobody; with no later campaign on those ids, the reaper deletes them.
+    campaign(&mut c, "released", "node-1", "1 minute", r#""r""#, "0").unwrap();
+    assert!(release(&mut c, "released", "node-1"));
+    campaign(
+        &mut c,
+        "expired",
+        "node-1",
+        "100 milliseconds",
+        r#""e""#,
+        "0",
+    )
+    .unwrap();
+    campaign(&mut c, "live", "node-1", "1 minute", r#""l""#, "0").unwrap();
+    let t0 = Instant::now();
+    let left = loop {
+        let left: Vec<String> = c
+            .query(
+                "SELECT lock_id FROM lockext.lease_values ORDER BY lock_id",
+                &[],
+            )
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        if left == ["live"] || t0.elapsed() > Duration::from_secs(10) {
+            break left;
+        }
+        thread::sleep(ms(50));
+    };
+    println!(
+        "values of ended grants deleted {:?} after they ended",
+        t0.elapsed()
+    );
+    assert_eq!(
+        left,
+        ["live"],
+        "the live grant's value stays, the others go"
+    );
+}
