@@ -443,6 +443,121 @@ BEGIN
     END LOOP;
 END $$;
 
+-- Leader election (src/election.rs): the value a grant carries, in a table of its own so
+-- that a grant without one costs nothing more; who holds a lock now; waiting for a change.
+CREATE TABLE lockext.lease_values (
+    lock_id     text        NOT NULL,
+    fence_token bigint      NOT NULL,
+    owner       text        NOT NULL,
+    value       jsonb       NOT NULL,
+    version     bigint      NOT NULL CHECK (version > 0),
+    set_at      timestamptz NOT NULL,
+    PRIMARY KEY (lock_id, fence_token)
+);
+ALTER TABLE lockext.lease_values SET (vacuum_truncate = false);
+SELECT pg_catalog.pg_extension_config_dump('lockext.lease_values', '');
+REVOKE ALL ON lockext.lease_values FROM PUBLIC;
+
+CREATE FUNCTION lockext."lock_campaign"(
+	"lock_id" TEXT,
+	"owner" TEXT,
+	"ttl" interval,
+	"value" jsonb,
+	"wait" interval DEFAULT '0 seconds',
+	"lock_delay" interval DEFAULT NULL,
+	"mode" TEXT DEFAULT 'exclusive',
+	"permits" INT DEFAULT NULL,
+	"session_bound" bool DEFAULT false
+) RETURNS lockext.lock_grant
+VOLATILE PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'lock_campaign_wrapper';
+
+CREATE FUNCTION lockext."set_lease_value"(
+	"lock_id" TEXT,
+	"owner" TEXT,
+	"fence_token" bigint,
+	"value" jsonb
+) RETURNS bigint
+VOLATILE PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'set_lease_value_wrapper';
+
+CREATE FUNCTION lockext."lock_holders"(
+	"lock_id" TEXT
+) RETURNS TABLE (
+	"owner" TEXT,
+	"kind" TEXT,
+	"fence_token" bigint,
+	"value" jsonb,
+	"version" bigint,
+	"acquired_at" timestamp with time zone,
+	"expires_at" timestamp with time zone
+)
+VOLATILE PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'lock_holders_wrapper';
+
+CREATE FUNCTION lockext."lock_observe"(
+	"lock_id" TEXT,
+	"known_token" bigint DEFAULT NULL,
+	"known_version" bigint DEFAULT NULL,
+	"timeout" interval DEFAULT '30 seconds'
+) RETURNS TABLE (
+	"changed" bool,
+	"owner" TEXT,
+	"kind" TEXT,
+	"fence_token" bigint,
+	"value" jsonb,
+	"version" bigint,
+	"acquired_at" timestamp with time zone,
+	"expires_at" timestamp with time zone
+)
+VOLATILE PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'lock_observe_wrapper';
+
+-- Stores value as the value of the caller's live grant fence_token of lock_id (taken by
+-- owner and the calling role), and returns its version (1 for a grant's first value).
+-- SECURITY INVOKER: set_lease_value checks the calling role.
+CREATE FUNCTION lockext.lock_set_value(lock_id text, owner text, fence_token bigint, value jsonb)
+RETURNS bigint
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    version bigint := lockext.set_lease_value(lock_id, owner, fence_token, value);
+BEGIN
+    IF version IS NULL THEN
+        RAISE EXCEPTION 'fence token % is not a live grant of lock "%" held by "%"',
+                        fence_token, lock_id, owner
+            USING ERRCODE = '55L01',
+                  DETAIL = 'The lease has expired, was released or taken over, or was taken by another owner or role.',
+                  HINT = 'This client''s lease was lost: stop, and campaign again.';
+    END IF;
+    RETURN version;
+END $$;
+
+-- Each checks its caller itself (src/caller.rs), as the functions above.
+DO $$
+DECLARE
+    f regprocedure;
+BEGIN
+    FOREACH f IN ARRAY ARRAY[
+        'lockext.lock_campaign(text, text, interval, jsonb, interval, interval, text, integer, boolean)',
+        'lockext.lock_set_value(text, text, bigint, jsonb)',
+        'lockext.set_lease_value(text, text, bigint, jsonb)',
+        'lockext.lock_holders(text)',
+        'lockext.lock_observe(text, bigint, bigint, interval)'
+    ]::regprocedure[] LOOP
+        EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', f);
+        EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO lockext_user', f);
+        EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO PUBLIC', f);
+    END LOOP;
+END $$;
+
 -- Without shared_preload_libraries, lockext still works, and much that operators count on
 -- is silently missing: say so when the extension is created or updated. lockext.stats()
 -- has rows exactly when the library was preloaded (its counters live in shared memory).

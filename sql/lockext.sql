@@ -101,6 +101,22 @@ CREATE TABLE lockext.resources (
     lock_id     text
 );
 
+-- The value a grant carries (lock_campaign, lock_set_value): a leader's address, a shard
+-- map. Keyed by the grant (lock id and token; tokens never repeat), so a value outlives
+-- its grant only as a row nobody shows: lock_holders joins on the live lease's token, and
+-- the setter and the reaper delete such rows. A table of its own, so that a grant without
+-- a value costs nothing more. version counts the values set during the grant (from 1).
+CREATE TABLE lockext.lease_values (
+    lock_id     text        NOT NULL,
+    fence_token bigint      NOT NULL,
+    owner       text        NOT NULL,
+    value       jsonb       NOT NULL,
+    version     bigint      NOT NULL CHECK (version > 0),
+    set_at      timestamptz NOT NULL,
+    PRIMARY KEY (lock_id, fence_token)
+);
+ALTER TABLE lockext.lease_values SET (vacuum_truncate = false);
+
 -- pg_dump skips extension members unless they are marked: without this a restore would
 -- bring back no leases, no high-water marks and no era. The token sequence is not marked:
 -- a restore always starts a new era (src/token.rs), so its counter may start again, and a
@@ -109,6 +125,7 @@ SELECT pg_catalog.pg_extension_config_dump('lockext.locks', '');
 SELECT pg_catalog.pg_extension_config_dump('lockext.shared_leases', '');
 SELECT pg_catalog.pg_extension_config_dump('lockext.resources', '');
 SELECT pg_catalog.pg_extension_config_dump('lockext.token_epoch', '');
+SELECT pg_catalog.pg_extension_config_dump('lockext.lease_values', '');
 
 -- Least privilege: nobody writes these tables but lockext's functions (which run as their
 -- owner: SECURITY DEFINER, or src/caller.rs for the lease functions).
@@ -116,4 +133,7 @@ SELECT pg_catalog.pg_extension_config_dump('lockext.token_epoch', '');
 REVOKE ALL ON lockext.locks, lockext.shared_leases, lockext.resources, lockext.token_epoch,
     lockext.fence_token_seq FROM PUBLIC;
 GRANT SELECT ON lockext.locks, lockext.shared_leases, lockext.resources, lockext.token_epoch TO PUBLIC;
+-- Values are what leaders publish to their followers: read by members of lockext_user
+-- through lock_holders and lock_observe, not by every role.
+REVOKE ALL ON lockext.lease_values FROM PUBLIC;
 GRANT USAGE ON SCHEMA lockext TO PUBLIC;

@@ -45,7 +45,12 @@ BEGIN
         'lockext.declared_token()',
         'lockext.fence_row(bigint, bigint)',
         'lockext.check_token(bigint)',
-        'lockext.token_era()'
+        'lockext.token_era()',
+        'lockext.lock_campaign(text, text, interval, jsonb, interval, interval, text, integer, boolean)',
+        'lockext.lock_set_value(text, text, bigint, jsonb)',
+        'lockext.set_lease_value(text, text, bigint, jsonb)',
+        'lockext.lock_holders(text)',
+        'lockext.lock_observe(text, bigint, bigint, interval)'
     ]::regprocedure[] LOOP
         EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', f);
         EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO lockext_user', f);

@@ -17,6 +17,10 @@ pub const MAX_ID_BYTES: usize = 256;
 /// Most permits a semaphore may have.
 pub const MAX_PERMITS: i32 = 1_000_000;
 
+/// Largest value a grant may carry, in bytes of its jsonb: a leader's address or a shard
+/// map, not a payload store (every follower reads it at each change).
+pub const MAX_VALUE_BYTES: usize = 1024 * 1024;
+
 /// Longest lease accepted. A lease is renewed by a live holder; a TTL longer than a day
 /// only keeps a dead client's lock from being cleaned up.
 pub const MAX_TTL_MICROS: i64 = 24 * 60 * 60 * 1_000_000;
@@ -43,6 +47,15 @@ pub enum LockError {
 
     #[error("lock_acquire can wait only in READ COMMITTED transactions")]
     WaitNeedsReadCommitted,
+
+    #[error("lock_observe can wait only in READ COMMITTED transactions")]
+    ObserveNeedsReadCommitted,
+
+    #[error("value is {len} bytes as jsonb; the limit is {MAX_VALUE_BYTES} bytes")]
+    ValueTooLarge { len: usize },
+
+    #[error("{arg} must not be negative, got {value}")]
+    VersionNegative { arg: &'static str, value: i64 },
 
     #[error("{arg} must be positive, got {value}")]
     TokenNotPositive { arg: &'static str, value: i64 },
@@ -129,17 +142,21 @@ impl LockError {
             | LockError::PermitsOutOfRange { .. }
             | LockError::SharedPermits
             | LockError::PermitsMismatch { .. }
-            | LockError::EmptyLockSet { .. } => ERRCODE_INVALID_PARAMETER_VALUE, // 22023
+            | LockError::EmptyLockSet { .. }
+            | LockError::ValueTooLarge { .. }
+            | LockError::VersionNegative { .. } => ERRCODE_INVALID_PARAMETER_VALUE, // 22023
             LockError::WrongKind { .. } => ERRCODE_WRONG_OBJECT_TYPE,         // 42809
             LockError::NotPermitted { .. } => ERRCODE_INSUFFICIENT_PRIVILEGE, // 42501
             LockError::SessionLeasesOff => ERRCODE_FEATURE_NOT_SUPPORTED,     // 0A000
             LockError::TooManyClaims => ERRCODE_OUT_OF_MEMORY,                // 53200
             LockError::IdentifierTooLong { .. } => ERRCODE_STRING_DATA_RIGHT_TRUNCATION, // 22001
             LockError::ReadOnlyServer => ERRCODE_READ_ONLY_SQL_TRANSACTION,   // 25006
-            LockError::WaitNeedsReadCommitted => ERRCODE_FEATURE_NOT_SUPPORTED, // 0A000
-            LockError::ClockOutOfRange => ERRCODE_DATETIME_FIELD_OVERFLOW,    // 22008
+            LockError::WaitNeedsReadCommitted | LockError::ObserveNeedsReadCommitted => {
+                ERRCODE_FEATURE_NOT_SUPPORTED // 0A000
+            }
+            LockError::ClockOutOfRange => ERRCODE_DATETIME_FIELD_OVERFLOW, // 22008
             LockError::TokensExhausted { .. } => ERRCODE_SEQUENCE_GENERATOR_LIMIT_EXCEEDED, // 2200H
-            LockError::EraRecord { .. } => ERRCODE_IO_ERROR,                  // 58030
+            LockError::EraRecord { .. } => ERRCODE_IO_ERROR,               // 58030
             LockError::Spi(_) | LockError::MissingColumn { .. } => ERRCODE_INTERNAL_ERROR, // XX000
         }
     }
@@ -184,6 +201,14 @@ impl LockError {
             LockError::WaitNeedsReadCommitted => Some(
                 "A snapshot taken at the transaction's start never sees the release; \
                  wait from a READ COMMITTED transaction, or poll with wait => '0'.",
+            ),
+            LockError::ObserveNeedsReadCommitted => Some(
+                "A snapshot taken at the transaction's start never sees the change; observe \
+                 from a READ COMMITTED transaction, or read lockext.lock_holders.",
+            ),
+            LockError::ValueTooLarge { .. } => Some(
+                "Publish where the data is (an address, a key), not the data: every follower \
+                 reads the value at each change.",
             ),
             LockError::EraRecord { .. } => Some(
                 "The file pg_lockext/eras in the data directory records which token eras this \

@@ -10,6 +10,7 @@ mod claims;
 mod commit;
 mod compat;
 mod counter;
+mod election;
 mod eras;
 mod error;
 mod exclusive;
@@ -46,6 +47,12 @@ extension_sql_file!(
         fence::declared_token,
         fence::fence_row
     ]
+);
+// lock_set_value, over the Rust function that stores the value.
+extension_sql_file!(
+    "../sql/election.sql",
+    name = "election",
+    requires = [election::set_lease_value]
 );
 // The reaper's index, over a Rust function.
 extension_sql_file!(

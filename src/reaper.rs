@@ -84,6 +84,12 @@ static REAP: [Statement; 2] = [
     },
 ];
 
+// And values whose grant is no longer live (src/election.rs), which nobody shows.
+static REAP_VALUES: Statement = Statement {
+    sql: include_str!("../sql/run/reaper/reap_values.sql"),
+    params: &[INT4OID, TIMESTAMPTZOID],
+};
+
 // And session-bound leases whose session has ended without releasing them, in two steps
 // (why two: lock_ended_sessions.sql): lock the rows that look dead, then delete those of
 // them that still look dead.
@@ -878,10 +884,11 @@ fn reap_round(
 /// run it in a backend.
 pub fn reap_batch(limit: i32) -> Result<(u64, bool), LockError> {
     Spi::connect_mut(|client| {
+        let now = backend::now()?;
         let args = [
             DatumWithOid::from(limit),
             settings::NOTIFY.get().into(),
-            backend::now()?.into(),
+            now.into(),
         ];
         let (mut total, mut more) = (0, false);
         let ended = |rows: pgrx::spi::SpiTupleTable<'_>| -> Result<u64, LockError> {
@@ -898,6 +905,8 @@ pub fn reap_batch(limit: i32) -> Result<(u64, bool), LockError> {
             more |= n >= limit as u64;
             total += n;
         }
+        let values = REAP_VALUES.run(client, &[DatumWithOid::from(limit), now.into()])?;
+        more |= values.len() >= limit as usize;
         // Session-bound leases whose session is gone: lock them, read the backend table
         // afresh, then end those still without a session.
         let locked = LOCK_ENDED_SESSIONS.run(client, &[DatumWithOid::from(limit)])?;

@@ -248,4 +248,34 @@ unsafe impl<'fcx> ArgAbi<'fcx> for Jsonb {
     }
 }
 
+unsafe impl BoxRet for Jsonb {
+    unsafe fn box_into<'fcx>(self, fcinfo: &mut FcInfo<'fcx>) -> pgrx::datum::Datum<'fcx> {
+        unsafe { fcinfo.return_raw_datum(self.0) }
+    }
+}
+
+impl Jsonb {
+    /// Its size in bytes, as PostgreSQL stores it (without the varlena header).
+    pub fn len(&self) -> usize {
+        unsafe { pgrx::varlena::varsize_any_exhdr(self.0.cast_mut_ptr()) }
+    }
+
+    /// A jsonb column of a row SPI returned, detoasted and copied into the memory of SPI's
+    /// caller, where it outlives `SPI_finish`: a `Jsonb` read with `FromDatum` there would
+    /// point into the tuple table SPI frees. Call only while connected to SPI.
+    ///
+    /// # Safety
+    /// `datum` must be a jsonb datum of a row of the current SPI tuple table.
+    pub unsafe fn transferred(datum: pg_sys::Datum) -> Jsonb {
+        unsafe {
+            let flat = pg_sys::pg_detoast_datum(datum.cast_mut_ptr());
+            Jsonb(pg_sys::SPI_datumTransfer(
+                pg_sys::Datum::from(flat),
+                false,
+                -1,
+            ))
+        }
+    }
+}
+
 pgrx::impl_sql_translatable!(Jsonb, "jsonb");

@@ -19,6 +19,8 @@
 #   - the client libraries' tests (clients/python/tests, clients/node/test) directly and
 #     through PgBouncer;
 #   - each example (Python, Node.js, Go, Rust) directly and through PgBouncer;
+#   - the leader election example (examples/election: three Python processes, the leader
+#     killed with SIGKILL, a follower taking over) directly and through PgBouncer;
 #   - tests/deploy/node/tokens.test.js: fencing tokens kept as JavaScript Numbers stay exact;
 #   - the stored procedure test directly and through PgBouncer;
 #   - the PgBouncer tests (tests/deploy/rust/tests/pgbouncer.rs: the fault suite's contention
@@ -239,6 +241,7 @@ example() { # example LANG URL
     export LOCKEXT_URL=$2
     case $lang in
         python) "$VENV/bin/python" "$ROOT/examples/python/lockext_example.py" ;;
+        election) "$VENV/bin/python" "$ROOT/examples/election/election.py" ;;
         node) node "$ROOT/examples/node/lockext_example.js" ;;
         go) "$GO_BIN" ;;
         rust) "$RUST_BIN" ;;
@@ -275,7 +278,7 @@ for lang in python node; do
     run "client-$lang" "client_$lang" "$DIRECT_URL"
     run "client-$lang-pgbouncer" "client_$lang" "$POOLED_URL"
 done
-for lang in python node go rust; do
+for lang in python election node go rust; do
     run "example-$lang" example "$lang" "$DIRECT_URL"
     run "example-$lang-pgbouncer" example "$lang" "$POOLED_URL"
 done

@@ -318,6 +318,52 @@ class Fencing(Base):
                          ("taken", new.token))
 
 
+class Election(Base):
+    def test_campaign_publishes_the_value_and_holders_show_it(self):
+        lock_id = new_id("campaign")
+        with lockext.campaign(URL, lock_id, {"addr": "10.0.0.1:80"}, ttl=5) as g:
+            [leader] = lockext.holders(self.db, lock_id)
+            self.assertEqual((leader.owner, leader.kind, leader.token), (g.owner, "exclusive", g.token))
+            self.assertEqual((leader.value, leader.version), ({"addr": "10.0.0.1:80"}, 1))
+            with self.assertRaises(lockext.NotAcquired):
+                lockext.campaign(URL, lock_id, {"addr": "10.0.0.2:80"}, ttl=5)
+            self.assertEqual(g.proclaim({"addr": "10.0.0.1:81"}), 2)
+            self.assertEqual(lockext.holders(self.db, lock_id)[0].value, {"addr": "10.0.0.1:81"})
+        self.assertEqual(lockext.holders(self.db, lock_id), [])
+
+    def test_observe_returns_on_a_change_and_at_the_timeout(self):
+        lock_id = new_id("observe")
+        seen = lockext.observe(self.db, lock_id, None, timeout=0)
+        self.assertEqual(seen, lockext.Observed(False, None))
+        with lockext.campaign(URL, lock_id, "v1", ttl=5) as g:
+            seen = lockext.observe(self.db, lock_id, None, timeout=5)
+            self.assertTrue(seen.changed)
+            self.assertEqual((seen.leader.token, seen.leader.value), (g.token, "v1"))
+            started = time.monotonic()
+            self.assertFalse(lockext.observe(self.db, lock_id, seen.leader, timeout=0.2).changed)
+            self.assertGreaterEqual(time.monotonic() - started, 0.2)
+            threading.Timer(0.3, g.proclaim, args=("v2",)).start()
+            later = lockext.observe(self.db, lock_id, seen.leader, timeout=10)
+            self.assertEqual((later.changed, later.leader.value, later.leader.version), (True, "v2", 2))
+        resigned = lockext.observe(self.db, lock_id, later.leader, timeout=10)
+        self.assertEqual(resigned, lockext.Observed(True, None))
+
+    def test_stale_leader_cannot_proclaim(self):
+        lock_id = new_id("stale")
+        g = lockext.campaign(URL, lock_id, "old", ttl=30)  # its renewer does not notice first
+        try:
+            # An operator ends the old leader's lease; a new leader takes over.
+            self.db.execute("SELECT lockext.lock_release(%s, %s)", (lock_id, g.owner))
+            with lockext.campaign(URL, lock_id, "new", ttl=5) as new:
+                with self.assertRaises(lockext.StaleToken) as cm:
+                    g.proclaim("old again")
+                self.assertEqual(cm.exception.sqlstate, "55L01")
+                self.assertEqual([(h.token, h.value) for h in lockext.holders(self.db, lock_id)],
+                                 [(new.token, "new")])
+        finally:
+            g.release()
+
+
 class BigTokens(unittest.TestCase):
     """Tokens carry an era in their high bits (README, Tokens): in a second database of
     the cluster the era is at least 1, so tokens are above 2^41."""

@@ -9,15 +9,16 @@ See README.md beside this package for what it does and its limits.
 
 from ._async import AsyncGrant, adeclare_token, afence, afenced_update, alock
 from ._common import (
-    Error, InvalidArgument, LeaseLost, NotAcquired, NotSupported, PermissionDenied,
-    ReadOnlyServer, StaleToken, default_owner,
+    Error, Holder, InvalidArgument, LeaseLost, NotAcquired, NotSupported, Observed,
+    PermissionDenied, ReadOnlyServer, StaleToken, default_owner,
 )
-from ._sync import Grant, declare_token, fence, fenced_update, lock
+from ._sync import Grant, campaign, declare_token, fence, fenced_update, holders, lock, observe
 
 __version__ = "0.1.0"
 
 __all__ = [
     "lock", "Grant", "fenced_update", "fence", "declare_token",
+    "campaign", "holders", "observe", "Holder", "Observed",
     "alock", "AsyncGrant", "afenced_update", "afence", "adeclare_token",
     "Error", "NotAcquired", "LeaseLost", "StaleToken", "InvalidArgument",
     "ReadOnlyServer", "PermissionDenied", "NotSupported", "default_owner",

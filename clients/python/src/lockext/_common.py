@@ -9,6 +9,7 @@ import os
 import secrets
 import socket
 import time
+from typing import NamedTuple
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
@@ -135,11 +136,43 @@ ACQUIRE = (
     "SELECT fence_token, expires_at FROM lockext.lock_acquire(%s::text, %s::text, %s::interval,"
     " wait => %s::interval, mode => %s::text, permits => %s::integer, session_bound => %s::boolean)"
 )
+CAMPAIGN = (
+    "SELECT fence_token, expires_at FROM lockext.lock_campaign(%s::text, %s::text, %s::interval,"
+    " %s::jsonb, wait => %s::interval, mode => %s::text, permits => %s::integer)"
+)
+SET_VALUE = "SELECT lockext.lock_set_value(%s::text, %s::text, %s::bigint, %s::jsonb)"
+HOLDERS = (
+    "SELECT owner, kind, fence_token, value, version, acquired_at, expires_at"
+    " FROM lockext.lock_holders(%s::text)"
+)
+OBSERVE = (
+    "SELECT changed, owner, kind, fence_token, value, version, acquired_at, expires_at"
+    " FROM lockext.lock_observe(%s::text, %s::bigint, %s::bigint, %s::interval)"
+)
 RENEW = "SELECT lockext.lock_renew(%s::text, %s::text, %s::interval, %s::bigint)"
 RELEASE = "SELECT lockext.lock_release(%s::text, %s::text, %s::bigint)"
 FENCED_UPDATE = "SELECT lockext.fenced_update(%s::text, %s::bigint, %s::jsonb)"
 FENCE = "SELECT lockext.fence(%s::text, %s::bigint)"
 DECLARE = "SELECT lockext.declare_token(%s::bigint)"
+
+
+class Holder(NamedTuple):
+    """A live grant of a lock as lock_holders and lock_observe show it: value is the
+    decoded JSON (None when the grant has none, version 0)."""
+    owner: str
+    kind: str
+    token: int
+    value: object
+    version: int
+    acquired_at: datetime.datetime
+    expires_at: datetime.datetime
+
+
+class Observed(NamedTuple):
+    """What observe() returns: whether the leader (or its value) changed from what the
+    caller knew, and the leader now (None when the lock is free)."""
+    changed: bool
+    leader: Holder | None
 
 
 class GrantBase:

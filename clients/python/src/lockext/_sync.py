@@ -10,8 +10,8 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from ._common import (
-    ACQUIRE, DECLARE, FENCE, FENCED_UPDATE, RELEASE, RENEW,
-    GrantBase, NotAcquired, StaleToken,
+    ACQUIRE, CAMPAIGN, DECLARE, FENCE, FENCED_UPDATE, HOLDERS, OBSERVE, RELEASE, RENEW, SET_VALUE,
+    GrantBase, Holder, NotAcquired, Observed, StaleToken,
     conninfo_of, connect_kwargs, default_owner, interval, mapped_errors, renew_every_of,
 )
 
@@ -43,6 +43,51 @@ def lock(target, lock_id: str, ttl=30, *, owner: str | None = None, wait=0, rene
         conn.close()
         raise NotAcquired(f"lock {lock_id!r} is held by another owner" + (f" (waited {wait})" if wait else ""))
     return Grant(conninfo, conn, lock_id, owner, token, expires_at, ttl, every, sent)
+
+
+def campaign(target, lock_id: str, value, ttl=30, *, owner: str | None = None, wait=0,
+             renew_every=None, mode: str = "exclusive", permits: int | None = None) -> "Grant":
+    """lock() for a leader: takes `lock_id` with `value` (anything JSON: the leader's
+    address, say) published as its grant's value, renewed in the background until
+    released (resigning). Change the value with grant.proclaim(). Raises NotAcquired when
+    another leader holds it (and still holds it after `wait`)."""
+    ttl = interval(ttl, "ttl", zero_ok=False)
+    wait = interval(wait, "wait", zero_ok=True)
+    every = renew_every_of(ttl, renew_every)
+    owner = owner or default_owner()
+    conninfo = conninfo_of(target)
+    conn = psycopg.connect(conninfo, **connect_kwargs(conninfo))
+    try:
+        sent = time.monotonic()
+        with mapped_errors():
+            token, expires_at = conn.execute(
+                CAMPAIGN, (lock_id, owner, ttl, Jsonb(value), wait, mode, permits)).fetchone()
+    except BaseException:
+        conn.close()
+        raise
+    if token is None:
+        conn.close()
+        raise NotAcquired(f"lock {lock_id!r} is led by another owner" + (f" (waited {wait})" if wait else ""))
+    return Grant(conninfo, conn, lock_id, owner, token, expires_at, ttl, every, sent)
+
+
+def holders(conn, lock_id: str) -> list[Holder]:
+    """Who holds `lock_id` now, oldest grant (the leader) first; [] when it is free."""
+    with mapped_errors():
+        return [Holder(*row) for row in conn.execute(HOLDERS, (lock_id,), prepare=False).fetchall()]
+
+
+def observe(conn, lock_id: str, known: Holder | None = None, timeout=30) -> Observed:
+    """Waits (in the server, holding no lock) until the leader of `lock_id`, or its value,
+    is not `known` (None: no leader), or `timeout` seconds have passed. Pass the leader it
+    returned as the next call's `known` to miss no change. `conn` must not be inside a
+    REPEATABLE READ or SERIALIZABLE transaction (NotSupported)."""
+    timeout = interval(timeout, "timeout", zero_ok=True)
+    known_token, known_version = (known.token, known.version) if known else (None, None)
+    with mapped_errors():
+        row = conn.execute(OBSERVE, (lock_id, known_token, known_version, timeout), prepare=False).fetchone()
+    changed, *leader = row
+    return Observed(changed, Holder(*leader) if leader[2] is not None else None)
 
 
 class Grant(GrantBase):
@@ -105,6 +150,13 @@ class Grant(GrantBase):
         if err is not None and exc_type is None:
             raise err  # the body finished, but not under the lease it thought it had
         return False
+
+    def proclaim(self, value) -> int:
+        """Sets this grant's value (lockext.lock_set_value) and returns its version. Raises
+        StaleToken, and nothing changes, once the grant is no longer live."""
+        self.check()
+        with mapped_errors():
+            return self._conn.execute(SET_VALUE, (self.lock_id, self.owner, self.token, Jsonb(value))).fetchone()[0]
 
     # -- fenced writes (on the caller's connection) --------------------------------------
 

@@ -1,0 +1,45 @@
+-- lock_set_value and lock_campaign: stores the value of the caller's live grant, the one
+-- with exactly this lock id, owner, role and token, and counts its version (1 for the
+-- first value of a grant). A value belongs to one grant (its token): a holder whose lease
+-- ran out, was released or taken over matches no live lease and changes nothing, and a
+-- value stored a moment before that happened belongs to a grant no reader shows
+-- (holders.sql joins on the live lease's token). No lease row is locked: a setter never
+-- delays a grant, renewal or release. Where it stores, it deletes the values of this lock
+-- id whose grant is no longer live (released, expired, taken over), which nobody shows,
+-- skipping any another transaction has locked (a stale holder's open transaction must not
+-- hold up the new holder).
+-- $1 lock_id, $2 owner, $3 role (the calling role), $4 now (the call's clock),
+-- $5 fence_token, $6 value, $7 notify (lockext.notify: send a value_set event)
+WITH held AS (
+    SELECT lock_id, fence_token FROM lockext.locks
+     WHERE lock_id = $1 AND owner = $2 AND fence_token = $5 AND holder_role = $3
+       AND expires_at > $4
+    UNION ALL
+    SELECT lock_id, fence_token FROM lockext.shared_leases
+     WHERE lock_id = $1 AND owner = $2 AND fence_token = $5 AND holder_role = $3
+       AND expires_at > $4
+), stored AS (
+    INSERT INTO lockext.lease_values AS v (lock_id, fence_token, owner, value, version, set_at)
+    SELECT lock_id, fence_token, $2, $6, 1, $4 FROM held LIMIT 1
+    ON CONFLICT (lock_id, fence_token)
+       DO UPDATE SET value = excluded.value, version = v.version + 1, set_at = excluded.set_at
+    RETURNING v.lock_id, v.fence_token, v.version
+), orphans AS (
+    DELETE FROM lockext.lease_values AS v
+     USING (SELECT lock_id, fence_token
+              FROM lockext.lease_values AS o
+             WHERE o.lock_id = $1 AND o.fence_token <> $5 AND EXISTS (SELECT FROM held)
+               AND NOT EXISTS (SELECT FROM lockext.locks AS l
+                                WHERE l.lock_id = o.lock_id AND l.fence_token = o.fence_token
+                                  AND l.expires_at > $4)
+               AND NOT EXISTS (SELECT FROM lockext.shared_leases AS s
+                                WHERE s.lock_id = o.lock_id AND s.fence_token = o.fence_token
+                                  AND s.expires_at > $4)
+               FOR UPDATE SKIP LOCKED) AS orphan
+     WHERE v.lock_id = orphan.lock_id AND v.fence_token = orphan.fence_token
+)
+SELECT version,
+       CASE WHEN $7 THEN pg_catalog.pg_notify('lockext', pg_catalog.json_build_object(
+           'event', 'value_set', 'lock_id', lock_id, 'fence_token', fence_token,
+           'previous_fence_token', NULL, 'version', version)::text) END AS notified
+  FROM stored

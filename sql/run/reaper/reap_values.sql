@@ -1,0 +1,18 @@
+-- One batch of the reaper: deletes values whose grant is no longer live (released,
+-- expired, taken over; nobody shows them), at most $1 of them, and returns each (lock_id).
+-- Reads every stored value: there is one per grant that set one (leaders, mostly), few
+-- next to the leases. SKIP LOCKED: a setter storing a value at this moment is left alone.
+-- $1 limit (values at most), $2 now (the batch's clock)
+DELETE FROM lockext.lease_values AS v
+ USING (SELECT lock_id, fence_token
+          FROM lockext.lease_values AS o
+         WHERE NOT EXISTS (SELECT FROM lockext.locks AS l
+                            WHERE l.lock_id = o.lock_id AND l.fence_token = o.fence_token
+                              AND l.expires_at > $2)
+           AND NOT EXISTS (SELECT FROM lockext.shared_leases AS s
+                            WHERE s.lock_id = o.lock_id AND s.fence_token = o.fence_token
+                              AND s.expires_at > $2)
+         LIMIT $1
+           FOR UPDATE SKIP LOCKED) AS orphan
+ WHERE v.lock_id = orphan.lock_id AND v.fence_token = orphan.fence_token
+RETURNING v.lock_id
