@@ -83,12 +83,18 @@ impl Gate {
 /// one is in flight.
 pub fn try_gate(lock_id: Text<'_>, mode: Mode) -> Result<Option<Gate>, LockError> {
     let tag = tag_of(GATE_TAG, fnv1a(lock_id.bytes()));
-    if bulk_load_in_flight() {
-        return Ok(None); // its leases are inserted past gates it does not keep
-    }
     let Some(newly_taken) = try_lock(&tag, mode) else {
         return Ok(None);
     };
+    // Only once the gate is held: a bulk load that passed this gate before raised its flag
+    // while holding it (below), so it is seen now; read before the gate, the flag could be
+    // read, then the bulk load pass and insert, then the gate be taken.
+    if bulk_load_in_flight() {
+        if newly_taken {
+            unsafe { pg_sys::LockRelease(&tag, mode.lockmode(), false) };
+        }
+        return Ok(None); // its leases are inserted past gates it does not keep
+    }
     if newly_taken && !keep_another_claim() {
         // The database-wide claim refuses every other acquire in the database while this
         // transaction lasts: an operator's bulk load may take it, not any member.
