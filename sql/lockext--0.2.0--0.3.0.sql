@@ -6,6 +6,25 @@
 -- 2^55: a token must never go backwards. Leases, resources and tokens are untouched.
 \echo Use "ALTER EXTENSION lockext UPDATE TO '0.3.0'" to load this file. \quit
 
+-- lockext's functions and its reaper run SQL as lockext's owner and name their objects by
+-- this schema: a schema "lockext" that another role owns (made before CREATE EXTENSION,
+-- which then used it) would let that role swap them for its own and run code with the
+-- owner's rights. So the schema must be the owner's: the one CREATE EXTENSION makes.
+DO $$
+DECLARE
+    schema_owner oid := (SELECT nspowner FROM pg_catalog.pg_namespace WHERE nspname = 'lockext');
+    lockext_owner oid := (SELECT extowner FROM pg_catalog.pg_extension WHERE extname = 'lockext');
+BEGIN
+    IF schema_owner IS DISTINCT FROM lockext_owner THEN
+        RAISE EXCEPTION 'schema "lockext" is owned by role %, not by lockext''s owner %',
+                        schema_owner::regrole, lockext_owner::regrole
+            USING ERRCODE = '42501',
+                  DETAIL = 'lockext runs its SQL as its owner and names its objects by this schema: the schema''s owner could replace them and run code with the owner''s rights.',
+                  HINT = 'Let CREATE EXTENSION make the schema: drop or rename the existing schema "lockext" (or make it owned by the role that installs lockext), then try again.';
+    END IF;
+END $$;
+
+
 -- The row records the layout; a restart no longer changes the era, so the boot goes.
 ALTER TABLE lockext.token_epoch
     DROP COLUMN boot,

@@ -1,6 +1,24 @@
 -- lockext's own objects. CREATE EXTENSION runs this first (pgrx "bootstrap"), before the
 -- functions that pgrx generates from src/, so the functions can name these objects.
 
+-- lockext's functions and its reaper run SQL as lockext's owner and name their objects by
+-- this schema: a schema "lockext" that another role owns (made before CREATE EXTENSION,
+-- which then uses it) would let that role swap them for its own and run code with the
+-- owner's rights. So the schema must be the owner's: the one CREATE EXTENSION makes.
+DO $$
+DECLARE
+    schema_owner oid := (SELECT nspowner FROM pg_catalog.pg_namespace WHERE nspname = 'lockext');
+    lockext_owner oid := (SELECT extowner FROM pg_catalog.pg_extension WHERE extname = 'lockext');
+BEGIN
+    IF schema_owner IS DISTINCT FROM lockext_owner THEN
+        RAISE EXCEPTION 'schema "lockext" is owned by role %, not by lockext''s owner %',
+                        schema_owner::regrole, lockext_owner::regrole
+            USING ERRCODE = '42501',
+                  DETAIL = 'lockext runs its SQL as its owner and names its objects by this schema: the schema''s owner could replace them and run code with the owner''s rights.',
+                  HINT = 'Let CREATE EXTENSION make the schema: drop or rename the existing schema "lockext" (or make it owned by the role that installs lockext), then try again.';
+    END IF;
+END $$;
+
 -- What lock_acquire hands back. A type of its own, not a table's row type, so that the
 -- table can gain columns without changing what callers receive.
 CREATE TYPE lockext.lock_grant AS (

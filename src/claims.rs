@@ -221,13 +221,19 @@ pub fn try_claim_slot(lock_id: Text<'_>, slot: i32) -> Result<Option<SlotClaim>,
 /// How many transactions may hold the database-wide claim (in any database) right now:
 /// raised by one before it first takes the claim, lowered when it ends (never when it is
 /// prepared: a prepared transaction keeps its locks, so the flag stays up for good, which
-/// only costs every acquire one more test). While it is zero, no acquire needs to test the
+/// only costs every acquire one more test; and since a prepared one outlives a restart,
+/// which this count does not, a server that allows prepared transactions always tests). While it is zero, no acquire needs to test the
 /// claim, so the common acquire does not touch that one lock of the server's lock table
 /// that every acquire in the database would otherwise share.
 static BULK_LOADS: PgAtomic<AtomicU32> = unsafe { PgAtomic::new(c"lockext_bulk_loads") };
 
 pub fn init_shared_memory() {
     pg_shmem_init!(BULK_LOADS);
+}
+
+// access/twophase.h (the max_prepared_transactions setting), which pgrx does not bind.
+unsafe extern "C" {
+    static max_prepared_xacts: std::os::raw::c_int;
 }
 
 thread_local! {
@@ -255,9 +261,14 @@ fn raise_bulk_flag() {
 /// Whether another transaction keeps the database-wide claim: its exclusive leases are
 /// inserted past gates it only tested, so a row of one may be uncommitted, which an insert
 /// of the same id would wait for. Tested without being kept: the gate, kept, is what keeps
-/// a bulk load from starting under this acquire. Not preloaded, always tested.
+/// a bulk load from starting under this acquire. Not preloaded, always tested; nor when
+/// the server allows prepared transactions: a bulk load prepared before a restart keeps
+/// its claim and its rows, and the flag starts again at zero.
 fn bulk_load_in_flight() -> bool {
-    if settings::preloaded() && BULK_LOADS.get().load(Ordering::SeqCst) == 0 {
+    if settings::preloaded()
+        && unsafe { max_prepared_xacts } == 0
+        && BULK_LOADS.get().load(Ordering::SeqCst) == 0
+    {
         return false;
     }
     let tag = tag_of(BULK_TAG, 0);

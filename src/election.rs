@@ -142,6 +142,11 @@ fn set_lease_value(
         let fence_token = error::token("fence_token", fence_token)?;
         let value = valid_value(value)?;
         backend::writable_server()?;
+        // Its check of the lease reads under the statement's snapshot: a stale holder's
+        // older one would still show its lease live, and it would be told it set a value.
+        if backend::snapshot_per_transaction() {
+            return Err(LockError::SetValueNeedsReadCommitted);
+        }
         store(lock_id, owner, fence_token, value)
     })
     .or_report()

@@ -51,6 +51,9 @@ pub enum LockError {
     #[error("lock_observe can wait only in READ COMMITTED transactions")]
     ObserveNeedsReadCommitted,
 
+    #[error("lock_set_value works only in READ COMMITTED transactions")]
+    SetValueNeedsReadCommitted,
+
     #[error("value is {len} bytes as jsonb; the limit is {MAX_VALUE_BYTES} bytes")]
     ValueTooLarge { len: usize },
 
@@ -151,7 +154,9 @@ impl LockError {
             LockError::TooManyClaims => ERRCODE_OUT_OF_MEMORY,                // 53200
             LockError::IdentifierTooLong { .. } => ERRCODE_STRING_DATA_RIGHT_TRUNCATION, // 22001
             LockError::ReadOnlyServer => ERRCODE_READ_ONLY_SQL_TRANSACTION,   // 25006
-            LockError::WaitNeedsReadCommitted | LockError::ObserveNeedsReadCommitted => {
+            LockError::WaitNeedsReadCommitted
+            | LockError::ObserveNeedsReadCommitted
+            | LockError::SetValueNeedsReadCommitted => {
                 ERRCODE_FEATURE_NOT_SUPPORTED // 0A000
             }
             LockError::ClockOutOfRange => ERRCODE_DATETIME_FIELD_OVERFLOW, // 22008
@@ -205,6 +210,10 @@ impl LockError {
             LockError::ObserveNeedsReadCommitted => Some(
                 "A snapshot taken at the transaction's start never sees the change; observe \
                  from a READ COMMITTED transaction, or read lockext.lock_holders.",
+            ),
+            LockError::SetValueNeedsReadCommitted => Some(
+                "A snapshot taken at the transaction's start can show a lease that has since \
+                 ended as still held; set the value from a READ COMMITTED transaction.",
             ),
             LockError::ValueTooLarge { .. } => Some(
                 "Publish where the data is (an address, a key), not the data: every follower \

@@ -46,7 +46,7 @@ use pgrx::{pg_shmem_init, PGRXSharedMemory};
 use crate::backend;
 use crate::error::LockError;
 use crate::settings;
-use crate::statements::Statement;
+use crate::statements::{first_value, Statement};
 use crate::status::{self, Reporter};
 use crate::text::TextBuf;
 use crate::xact::in_transaction;
@@ -85,6 +85,11 @@ static REAP: [Statement; 2] = [
 ];
 
 // And values whose grant is no longer live (src/election.rs), which nobody shows.
+static OWN_SCHEMA: Statement = Statement {
+    sql: include_str!("../sql/run/reaper/own_schema.sql"),
+    params: &[],
+};
+
 static REAP_VALUES: Statement = Statement {
     sql: include_str!("../sql/run/reaper/reap_values.sql"),
     params: &[INT4OID, TIMESTAMPTZOID],
@@ -753,6 +758,17 @@ pub extern "C-unwind" fn lockext_reaper_main(arg: pg_sys::Datum) {
     answer_to_owner(owner);
     unsafe { pg_sys::pgstat_report_appname(c"lockext reaper".as_ptr()) };
     pin_search_path();
+    // A round never queues behind a lock (a DDL statement, or a database owner's VACUUM
+    // FULL waiting behind its own open transaction) for long: it fails, backs off, and
+    // gives its slot to another database's round.
+    unsafe {
+        pg_sys::SetConfigOption(
+            c"lock_timeout".as_ptr(),
+            c"1s".as_ptr(),
+            pg_sys::GucContext::PGC_SUSET,
+            pg_sys::GucSource::PGC_S_OVERRIDE,
+        )
+    };
     // Reaping is cleanup: a batch lost in a crash is deleted again in the next round.
     unsafe {
         pg_sys::SetConfigOption(
@@ -845,6 +861,19 @@ fn reap_round(
             return Err(RoundError::OtherVersion(version))
         }
         Some(Some(_)) => {}
+    }
+    let own = in_transaction(|| {
+        Spi::connect_mut(|client| Ok(first_value::<bool>(OWN_SCHEMA.run(client, &[])?)?))
+    })
+    .map_err(|message| RoundError::Failed { reaped: 0, message })?;
+    if own != Some(true) {
+        return Err(RoundError::Failed {
+            reaped: 0,
+            message: "schema lockext is not owned by the extension's owner (or was \
+                      renamed): its objects could be another role's, and the reaper runs as \
+                      superuser, so it does not reap this database"
+                .to_string(),
+        });
     }
     let reporter = reporter();
     let mut reaped = 0u64;

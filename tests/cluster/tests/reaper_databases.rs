@@ -448,3 +448,67 @@ fn failing_rounds_back_off_and_recover() {
     println!("recovered {:?} after the break", broken.elapsed());
     assert_eq!(status(&mut c, "postgres").and_then(|s| s.2), None);
 }
+
+/// A database whose schema `lockext` belongs to another role (an installation made before
+/// CREATE EXTENSION refused such a schema: its owner made it first) is not reaped: a
+/// round runs as a superuser and names `lockext.*` objects, which that role could swap for
+/// its own. Here the database's owner does exactly that, with a `lockext.free_at` that
+/// makes it a superuser when called; no round may call it.
+#[test]
+fn a_database_whose_lockext_schema_another_role_owns_is_not_reaped() {
+    let cluster = Cluster::start("rdb-squat", FAST);
+    let mut c = cluster.connect();
+    c.batch_execute("CREATE ROLE squatter LOGIN").unwrap();
+    c.batch_execute("CREATE DATABASE squat OWNER squatter")
+        .unwrap();
+    let mut admin = cluster.connect_to("squat");
+    // What CREATE EXTENSION now refuses (05_security), made by hand as an older version
+    // let it happen: the extension's schema owned by the database's owner.
+    admin
+        .batch_execute("CREATE EXTENSION lockext; ALTER SCHEMA lockext OWNER TO squatter")
+        .unwrap();
+    let mut squatter = Client::connect(
+        &format!(
+            "host=127.0.0.1 port={} user=squatter dbname=squat connect_timeout=10",
+            cluster.port
+        ),
+        NoTls,
+    )
+    .expect("connect as squatter");
+    squatter
+        .batch_execute(
+            "ALTER SCHEMA lockext RENAME TO lockext_real;
+             CREATE SCHEMA lockext;
+             CREATE TABLE lockext.locks (LIKE lockext_real.locks INCLUDING DEFAULTS);
+             CREATE TABLE lockext.shared_leases (LIKE lockext_real.shared_leases);
+             CREATE TABLE lockext.lease_values (lock_id text, fence_token bigint, owner text,
+                                                value jsonb, version bigint, set_at timestamptz);
+             CREATE FUNCTION lockext.free_at(timestamptz, interval) RETURNS timestamptz
+                 LANGUAGE plpgsql AS $$BEGIN EXECUTE 'ALTER ROLE squatter SUPERUSER';
+                                        RETURN '-infinity'; END$$;
+             INSERT INTO lockext.locks (lock_id, owner, fence_token, holder_role, acquired_at,
+                                        expires_at)
+             VALUES ('bait', 'x', 1, 10, now(), now() - interval '1 minute');",
+        )
+        .expect("the squatter's objects");
+    // Rounds run every 200 ms; wait until one has looked at this database and refused.
+    let error = eventually(Duration::from_secs(20), "a round refused squat", || {
+        status(&mut c, "squat").and_then(|(_, _, e)| e)
+    });
+    println!("reaper_status for squat: {error}");
+    assert!(
+        error.contains("schema lockext is not owned"),
+        "reaper_status for squat: {error}"
+    );
+    let superuser: bool = c
+        .query_one(
+            "SELECT rolsuper FROM pg_roles WHERE rolname = 'squatter'",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert!(
+        !superuser,
+        "a reaper round ran the squatter's lockext.free_at as superuser"
+    );
+}

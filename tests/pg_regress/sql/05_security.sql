@@ -136,4 +136,17 @@ RESET ROLE;
 SELECT p.proname, pg_catalog.array_to_string(p.proacl, ' ') AS acl
   FROM pg_proc p WHERE p.pronamespace = 'lockext'::regnamespace ORDER BY 1;
 
+-- A schema "lockext" made by another role before CREATE EXTENSION: lockext refuses it
+-- (that role could swap lockext's objects for its own, which lockext's functions and the
+-- reaper would then run as lockext's owner).
+CREATE DATABASE regress_squat OWNER regress_app;
+\c regress_squat
+SET ROLE regress_app;
+CREATE SCHEMA lockext;
+RESET ROLE;
+CREATE EXTENSION lockext;
+SELECT count(*) AS installed FROM pg_extension WHERE extname = 'lockext';
+\c lockext_regress
+DROP DATABASE regress_squat;
+
 DROP ROLE regress_outsider, regress_app, regress_other_app, regress_ops;

@@ -85,6 +85,10 @@ BEGIN ISOLATION LEVEL REPEATABLE READ;
 SELECT pg_temp.sqlstate_of($$SELECT lockext.lock_observe('db-primary')$$);
 SELECT * FROM lockext.lock_observe('db-primary', :a, 3, '1 second');
 ROLLBACK;
+-- Setting a value too: an older snapshot could show a lease that has since ended as held.
+BEGIN ISOLATION LEVEL REPEATABLE READ;
+SELECT pg_temp.sqlstate_of(format($$SELECT lockext.lock_set_value('db-primary', 'node-a', %s, '"from an old snapshot"')$$, :a));
+ROLLBACK;
 
 -- Resignation: after a release nobody holds it and no value is shown; the next leader's
 -- campaign has a newer token, version 1, and the old value is deleted.
