@@ -354,17 +354,24 @@ fn an_observer_holds_no_lock_and_delays_no_one() {
         assert!(Instant::now() < deadline, "the observer never started");
         thread::sleep(ms(10));
     };
-    thread::sleep(ms(200)); // several looks into its wait
-    let held = checks::count(
-        &mut admin,
-        &format!(
-            "SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation \
-              WHERE l.pid = {pid} AND c.relnamespace = 'lockext'::regnamespace"
-        ),
+    // A look (a read in a subtransaction) holds a few locks for well under a millisecond;
+    // between looks there must be none. Sampled until the observer, still waiting, holds
+    // none: were they kept across the wait (no subtransaction), no sample would find it so.
+    let sample = format!(
+        "SELECT count(l.relation) FILTER (WHERE c.relnamespace = 'lockext'::regnamespace) \
+           FROM pg_stat_activity a \
+           LEFT JOIN pg_locks l ON l.pid = a.pid \
+           LEFT JOIN pg_class c ON c.oid = l.relation \
+          WHERE a.pid = {pid} AND a.state = 'active' AND a.query LIKE '%lock_observe%' \
+         HAVING count(a.pid) > 0"
     );
-    assert_eq!(
-        held, 0,
-        "the observer keeps no lock on lockext's tables while it waits"
+    eventually(
+        Duration::from_secs(2),
+        "the observer, while it waits, holding no lock on lockext's tables",
+        || {
+            let held: Option<i64> = admin.query_opt(&sample, &[]).unwrap().map(|r| r.get(0));
+            (held == Some(0)).then_some(())
+        },
     );
     // What an administrator's DDL would take: at once, while the observer waits.
     admin
