@@ -847,25 +847,29 @@ fn reap_round(
     database: pg_sys::Oid,
     reporter: &impl Fn() -> Reporter,
 ) -> Result<Option<(Reporter, u64)>, RoundError> {
+    // What the database has, in the round's first transaction: lockext's version, and
+    // whether its schema is still the extension owner's (`own_schema.sql`).
     let installed = in_transaction(|| {
         if wanted_elsewhere(database) {
             return Ok(None);
         }
-        crate::compat::installed_version().map(Some)
+        let Some(version) = crate::compat::installed_version()? else {
+            return Ok(Some(None));
+        };
+        let own = Spi::connect_mut(|client| {
+            Ok::<_, LockError>(first_value::<bool>(OWN_SCHEMA.run(client, &[])?)?)
+        })?;
+        Ok(Some(Some((version, own))))
     })
     .map_err(|message| RoundError::Failed { reaped: 0, message })?;
-    match installed {
+    let own = match installed {
         None => return Ok(None),
         Some(None) => return Err(RoundError::NoExtension),
-        Some(Some(version)) if version != crate::compat::LIBRARY_VERSION => {
+        Some(Some((version, _))) if version != crate::compat::LIBRARY_VERSION => {
             return Err(RoundError::OtherVersion(version))
         }
-        Some(Some(_)) => {}
-    }
-    let own = in_transaction(|| {
-        Spi::connect_mut(|client| Ok(first_value::<bool>(OWN_SCHEMA.run(client, &[])?)?))
-    })
-    .map_err(|message| RoundError::Failed { reaped: 0, message })?;
+        Some(Some((_, own))) => own,
+    };
     if own != Some(true) {
         return Err(RoundError::Failed {
             reaped: 0,
