@@ -90,7 +90,10 @@ AS 'MODULE_PATHNAME', 'token_parts_0_3_wrapper';
 -- The lease functions act for the role whose code calls them (src/caller.rs): SECURITY
 -- INVOKER, becoming the tables' owner inside, instead of SECURITY DEFINER, where the
 -- caller inside another role's maintenance or SECURITY DEFINER function was misread.
-CREATE OR REPLACE FUNCTION lockext."lock_acquire"(
+-- lock_acquire and lock_acquire_all gain keepalive (src/keepalive.rs): a new argument is a
+-- new function, so the old ones go.
+DROP FUNCTION lockext.lock_acquire(text, text, interval, interval, interval, text, integer, boolean);
+CREATE FUNCTION lockext."lock_acquire"(
 	"lock_id" TEXT,
 	"owner" TEXT,
 	"ttl" interval,
@@ -98,7 +101,8 @@ CREATE OR REPLACE FUNCTION lockext."lock_acquire"(
 	"lock_delay" interval DEFAULT NULL,
 	"mode" TEXT DEFAULT 'exclusive',
 	"permits" INT DEFAULT NULL,
-	"session_bound" bool DEFAULT false
+	"session_bound" bool DEFAULT false,
+	"keepalive" bigint DEFAULT NULL
 ) RETURNS lockext.lock_grant
 VOLATILE PARALLEL UNSAFE
 SET search_path TO pg_catalog, pg_temp
@@ -123,13 +127,15 @@ VOLATILE PARALLEL UNSAFE
 SET search_path TO pg_catalog, pg_temp
 LANGUAGE c
 AS 'MODULE_PATHNAME', 'lock_release_0_3_wrapper';
-CREATE OR REPLACE FUNCTION lockext."lock_acquire_all"(
+DROP FUNCTION lockext.lock_acquire_all(text[], text, interval, interval, text, boolean);
+CREATE FUNCTION lockext."lock_acquire_all"(
 	"lock_ids" TEXT[],
 	"owner" TEXT,
 	"ttl" interval,
 	"wait" interval DEFAULT '0 seconds',
 	"mode" TEXT DEFAULT 'exclusive',
-	"session_bound" bool DEFAULT false
+	"session_bound" bool DEFAULT false,
+	"keepalive" bigint DEFAULT NULL
 ) RETURNS TABLE (
 	"lock_id" TEXT,
 	"owner" TEXT,
@@ -438,8 +444,8 @@ DECLARE
     f regprocedure;
 BEGIN
     FOREACH f IN ARRAY ARRAY[
-        'lockext.lock_acquire(text, text, interval, interval, interval, text, integer, boolean)',
-        'lockext.lock_acquire_all(text[], text, interval, interval, text, boolean)',
+        'lockext.lock_acquire(text, text, interval, interval, interval, text, integer, boolean, bigint)',
+        'lockext.lock_acquire_all(text[], text, interval, interval, text, boolean, bigint)',
         'lockext.lock_release_all(text[], text)',
         'lockext.lock_renew(text, text, interval, bigint)',
         'lockext.lock_release(text, text, bigint)',
@@ -576,6 +582,142 @@ BEGIN
         EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO PUBLIC', f);
     END LOOP;
 END $$;
+
+-- Keep-alives (src/keepalive.rs): one renewal for many leases.
+CREATE TABLE lockext.keepalives (
+    keepalive        bigint      PRIMARY KEY,
+    holder_role      oid         NOT NULL,
+    ttl              interval    NOT NULL,
+    created_at       timestamptz NOT NULL,
+    expires_at       timestamptz NOT NULL,
+    renewals         bigint      NOT NULL DEFAULT 0,
+    ended            boolean     NOT NULL DEFAULT false,
+    taker_pid        integer,
+    application_name text,
+    client_addr      inet
+);
+ALTER TABLE lockext.keepalives SET (vacuum_truncate = false);
+CREATE INDEX keepalives_expires_at_idx ON lockext.keepalives (expires_at) WHERE NOT ended;
+SELECT pg_catalog.pg_extension_config_dump('lockext.keepalives', '');
+REVOKE ALL ON lockext.keepalives FROM PUBLIC;
+GRANT SELECT ON lockext.keepalives TO PUBLIC;
+ALTER TABLE lockext.locks ADD COLUMN keepalive bigint;
+ALTER TABLE lockext.shared_leases ADD COLUMN keepalive bigint;
+CREATE INDEX locks_keepalive_idx ON lockext.locks (keepalive) WHERE keepalive IS NOT NULL;
+CREATE INDEX shared_leases_keepalive_idx ON lockext.shared_leases (keepalive) WHERE keepalive IS NOT NULL;
+
+CREATE FUNCTION lockext."end_keepalive"(
+	"keepalive" bigint,
+	"now" timestamp with time zone
+) RETURNS bool
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'end_keepalive_wrapper';
+CREATE FUNCTION lockext."lease_expiry"(
+	"expires_at" timestamp with time zone,
+	"keepalive" bigint
+) RETURNS timestamp with time zone
+STABLE PARALLEL RESTRICTED
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'lease_expiry_wrapper';
+REVOKE ALL ON FUNCTION lockext.end_keepalive(bigint, timestamptz) FROM PUBLIC;
+CREATE FUNCTION lockext."lock_keepalive_grant"(
+	"ttl" interval DEFAULT '30 seconds'
+) RETURNS TABLE (
+	"keepalive" bigint,
+	"expires_at" timestamp with time zone
+)
+VOLATILE PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'lock_keepalive_grant_wrapper';
+CREATE FUNCTION lockext."lock_keepalive_renew"(
+	"keepalive" bigint,
+	"ttl" interval DEFAULT NULL
+) RETURNS timestamp with time zone
+VOLATILE PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'lock_keepalive_renew_wrapper';
+CREATE FUNCTION lockext."lock_keepalive_revoke"(
+	"keepalive" bigint
+) RETURNS bigint
+VOLATILE PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'lock_keepalive_revoke_wrapper';
+DO $$
+DECLARE
+    f regprocedure;
+BEGIN
+    FOREACH f IN ARRAY ARRAY[
+        'lockext.lock_acquire(text, text, interval, interval, interval, text, integer, boolean, bigint)',
+        'lockext.lock_acquire_all(text[], text, interval, interval, text, boolean, bigint)',
+        'lockext.lock_keepalive_grant(interval)',
+        'lockext.lock_keepalive_renew(bigint, interval)',
+        'lockext.lock_keepalive_revoke(bigint)'
+    ]::regprocedure[] LOOP
+        EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', f);
+        EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO lockext_user', f);
+        EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO PUBLIC', f);
+    END LOOP;
+END $$;
+
+-- Who holds what: one row per live lease of any kind (exclusive, shared, or one permit of
+-- a semaphore), joinable with pg_stat_activity on pid. A lease attached to a keep-alive
+-- shows the keep-alive's expiry, which is its own (src/keepalive.rs).
+CREATE OR REPLACE VIEW lockext.holders AS
+SELECT h.lock_id,
+       h.mode,
+       h.owner,
+       h.fence_token,
+       h.holder_role::regrole                                 AS role,
+       h.application_name,
+       h.client_addr,
+       h.taker_pid                                            AS pid,
+       h.acquired_at,
+       h.expires_at,
+       h.expires_at - pg_catalog.clock_timestamp()            AS time_left,
+       h.renewals,
+       h.permits,
+       h.session_start IS NOT NULL                            AS session_bound,
+       h.keepalive
+  FROM (SELECT l.mode, l.permits, l.lock_id, l.owner, l.fence_token, l.holder_role,
+               l.application_name, l.client_addr, l.taker_pid, l.acquired_at,
+               CASE WHEN l.keepalive IS NULL THEN l.expires_at
+                    ELSE coalesce(k.expires_at, '-infinity') END AS expires_at,
+               l.renewals, l.session_start, l.keepalive
+          FROM (SELECT 'exclusive'::text AS mode, NULL::integer AS permits, lock_id, owner,
+                       fence_token, holder_role, application_name, client_addr, taker_pid,
+                       acquired_at, expires_at, renewals, session_start, keepalive
+                  FROM lockext.locks
+                UNION ALL
+                SELECT CASE WHEN permits IS NULL THEN 'shared' ELSE 'permit' END, permits,
+                       lock_id, owner, fence_token, holder_role, application_name, client_addr,
+                       taker_pid, acquired_at, expires_at, renewals, session_start, keepalive
+                  FROM lockext.shared_leases) AS l
+          LEFT JOIN lockext.keepalives AS k ON k.keepalive = l.keepalive) AS h
+ WHERE h.expires_at > pg_catalog.clock_timestamp();
+
+-- Keep-alives, live or not yet cleared by the reaper, with how many leases each renews.
+CREATE VIEW lockext.keepalive_holders AS
+SELECT k.keepalive,
+       k.holder_role::regrole                                 AS role,
+       k.application_name,
+       k.client_addr,
+       k.taker_pid                                            AS pid,
+       k.created_at,
+       k.expires_at,
+       k.expires_at - pg_catalog.clock_timestamp()            AS time_left,
+       k.ttl,
+       k.renewals,
+       k.ended,
+       (SELECT pg_catalog.count(*) FROM lockext.locks AS l WHERE l.keepalive = k.keepalive)
+     + (SELECT pg_catalog.count(*) FROM lockext.shared_leases AS s WHERE s.keepalive = k.keepalive)
+                                                              AS leases
+  FROM lockext.keepalives AS k;
+
+GRANT SELECT ON lockext.keepalive_holders TO PUBLIC;
 
 -- Without shared_preload_libraries, lockext still works, and much that operators count on
 -- is silently missing: say so when the extension is created or updated. lockext.stats()

@@ -36,8 +36,29 @@ CREATE TYPE lockext.lock_grant AS (
 CREATE SEQUENCE lockext.fence_token_seq
     AS bigint MINVALUE 1 MAXVALUE 2199023255551 NO CYCLE CACHE 1;
 
+-- Keep-alives (src/keepalive.rs): one renewal for many leases. A lease attached to one
+-- (its keepalive column) expires when the keep-alive does. ended: it will never be
+-- renewed again (revoked, or found expired by a grant or the reaper that acted on it).
+-- keepalive is its id, a fencing token: never handed out twice.
+CREATE TABLE lockext.keepalives (
+    keepalive        bigint      PRIMARY KEY,
+    holder_role      oid         NOT NULL,   -- the database role that granted it
+    ttl              interval    NOT NULL,   -- what a renewal extends it by, unless told
+    created_at       timestamptz NOT NULL,
+    expires_at       timestamptz NOT NULL,
+    renewals         bigint      NOT NULL DEFAULT 0,
+    ended            boolean     NOT NULL DEFAULT false,
+    taker_pid        integer,
+    application_name text,
+    client_addr      inet
+);
+ALTER TABLE lockext.keepalives SET (vacuum_truncate = false);
+-- The reaper's access path: keep-alives by expiry (those not yet ended).
+CREATE INDEX keepalives_expires_at_idx ON lockext.keepalives (expires_at) WHERE NOT ended;
+
 -- One row per lease. A row whose expires_at has passed is a dead lease: acquire takes it
--- over in place, and the reaper deletes it.
+-- over in place, and the reaper deletes it. A lease attached to a keep-alive has
+-- expires_at 'infinity' and expires with its keep-alive (lockext.lease_expiry).
 CREATE TABLE lockext.locks (
     lock_id     text        PRIMARY KEY,
     owner       text        NOT NULL,
@@ -54,7 +75,9 @@ CREATE TABLE lockext.locks (
     lock_delay  interval    NOT NULL DEFAULT '0',
     -- Set for a session-bound lease: when the backend taker_pid started. Pids are reused;
     -- pid and start time together name one backend, and the lease ends with it.
-    session_start timestamptz
+    session_start timestamptz,
+    -- The keep-alive that renews it (lockext.keepalives), or NULL: its own expires_at.
+    keepalive   bigint
 );
 -- Autovacuum would otherwise truncate the emptied end of the table after mass expiries,
 -- taking an ACCESS EXCLUSIVE lock that every lock call would wait behind for a moment.
@@ -62,6 +85,8 @@ ALTER TABLE lockext.locks SET (vacuum_truncate = false);
 -- The reaper's access path: expired leases, oldest first.
 -- The reaper's access path to session-bound leases, to find those whose backend is gone.
 CREATE INDEX locks_session_idx ON lockext.locks (taker_pid) WHERE session_start IS NOT NULL;
+-- A keep-alive's leases, for its revocation and for the reaper once it expired.
+CREATE INDEX locks_keepalive_idx ON lockext.locks (keepalive) WHERE keepalive IS NOT NULL;
 
 -- Leases that share a lock id: shared (read) leases, and the permits of counting
 -- semaphores. One row per holder, each with a fence token of its own; the columns mean what
@@ -83,10 +108,12 @@ CREATE TABLE lockext.shared_leases (
     client_addr      inet,
     lock_delay       interval    NOT NULL DEFAULT '0',
     session_start    timestamptz,
+    keepalive        bigint,
     PRIMARY KEY (lock_id, owner)
 );
 ALTER TABLE lockext.shared_leases SET (vacuum_truncate = false);
 CREATE INDEX shared_leases_session_idx ON lockext.shared_leases (taker_pid) WHERE session_start IS NOT NULL;
+CREATE INDEX shared_leases_keepalive_idx ON lockext.shared_leases (keepalive) WHERE keepalive IS NOT NULL;
 -- A semaphore's permits of a lock id: a shared acquire looks for one (a lock id is a lock or a
 -- semaphore) without reading every shared lease of the id.
 CREATE INDEX shared_leases_permits_idx ON lockext.shared_leases (lock_id) WHERE permits IS NOT NULL;
@@ -144,13 +171,15 @@ SELECT pg_catalog.pg_extension_config_dump('lockext.shared_leases', '');
 SELECT pg_catalog.pg_extension_config_dump('lockext.resources', '');
 SELECT pg_catalog.pg_extension_config_dump('lockext.token_epoch', '');
 SELECT pg_catalog.pg_extension_config_dump('lockext.lease_values', '');
+SELECT pg_catalog.pg_extension_config_dump('lockext.keepalives', '');
 
 -- Least privilege: nobody writes these tables but lockext's functions (which run as their
 -- owner: SECURITY DEFINER, or src/caller.rs for the lease functions).
 -- Reading them is harmless and useful to operators, so it is granted.
 REVOKE ALL ON lockext.locks, lockext.shared_leases, lockext.resources, lockext.token_epoch,
-    lockext.fence_token_seq FROM PUBLIC;
-GRANT SELECT ON lockext.locks, lockext.shared_leases, lockext.resources, lockext.token_epoch TO PUBLIC;
+    lockext.keepalives, lockext.fence_token_seq FROM PUBLIC;
+GRANT SELECT ON lockext.locks, lockext.shared_leases, lockext.resources, lockext.token_epoch,
+    lockext.keepalives TO PUBLIC;
 -- Values are what leaders publish to their followers: read by members of lockext_user
 -- through lock_holders and lock_observe, not by every role.
 REVOKE ALL ON lockext.lease_values FROM PUBLIC;

@@ -29,8 +29,8 @@ DECLARE
     f regprocedure;
 BEGIN
     FOREACH f IN ARRAY ARRAY[
-        'lockext.lock_acquire(text, text, interval, interval, interval, text, integer, boolean)',
-        'lockext.lock_acquire_all(text[], text, interval, interval, text, boolean)',
+        'lockext.lock_acquire(text, text, interval, interval, interval, text, integer, boolean, bigint)',
+        'lockext.lock_acquire_all(text[], text, interval, interval, text, boolean, bigint)',
         'lockext.lock_release_all(text[], text)',
         'lockext.lock_renew(text, text, interval, bigint)',
         'lockext.lock_release(text, text, bigint)',
@@ -50,7 +50,10 @@ BEGIN
         'lockext.lock_set_value(text, text, bigint, jsonb)',
         'lockext.set_lease_value(text, text, bigint, jsonb)',
         'lockext.lock_holders(text)',
-        'lockext.lock_observe(text, bigint, bigint, interval)'
+        'lockext.lock_observe(text, bigint, bigint, interval)',
+        'lockext.lock_keepalive_grant(interval)',
+        'lockext.lock_keepalive_renew(bigint, interval)',
+        'lockext.lock_keepalive_revoke(bigint)'
     ]::regprocedure[] LOOP
         EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', f);
         EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO lockext_user', f);
@@ -63,6 +66,11 @@ REVOKE ALL ON FUNCTION lockext.exclusive_grant_live(text, bigint, oid) FROM PUBL
 
 -- lockext's own: the token of a grant, minted inside the statement that makes it.
 REVOKE ALL ON FUNCTION lockext.grant_token() FROM PUBLIC;
+
+-- lockext's own, called by its grants' statements as the extension's owner: the end of an
+-- expired keep-alive. (lockext.lease_expiry, which only reads, stays PUBLIC's: lock_check
+-- and the fence reads run as their caller.)
+REVOKE ALL ON FUNCTION lockext.end_keepalive(bigint, timestamptz) FROM PUBLIC;
 
 -- Binding a resource to its lock is an operator's decision.
 REVOKE ALL ON FUNCTION lockext.bind_resource(text, text) FROM PUBLIC;

@@ -114,6 +114,7 @@ fn lock_campaign(
             mode,
             permits,
             session_bound,
+            None,
         )?;
         let Some(granted) = lease::acquire(&request)? else {
             return Ok(None);

@@ -123,6 +123,21 @@ pub enum LockError {
         needs: &'static str,
     },
 
+    #[error("keep-alive {keepalive} is not live, or not this role's")]
+    KeepaliveNotLive { keepalive: i64 },
+
+    #[error("a lease attached to a keep-alive has no ttl of its own: pass ttl => NULL")]
+    KeepaliveWithTtl,
+
+    #[error("a lease is attached to a keep-alive or bound to its session, not both")]
+    KeepaliveWithSession,
+
+    #[error("leases are attached to keep-alives only in READ COMMITTED transactions")]
+    KeepaliveNeedsReadCommitted,
+
+    #[error("the lease of \"{lock_id}\" is attached to keep-alive {keepalive}, which renews it")]
+    RenewAttached { lock_id: String, keepalive: i64 },
+
     #[error("lockext internal error: a grant has no {name}")]
     MissingColumn { name: &'static str },
 
@@ -147,16 +162,22 @@ impl LockError {
             | LockError::PermitsMismatch { .. }
             | LockError::EmptyLockSet { .. }
             | LockError::ValueTooLarge { .. }
-            | LockError::VersionNegative { .. } => ERRCODE_INVALID_PARAMETER_VALUE, // 22023
-            LockError::WrongKind { .. } => ERRCODE_WRONG_OBJECT_TYPE,         // 42809
+            | LockError::VersionNegative { .. }
+            | LockError::KeepaliveWithTtl
+            | LockError::KeepaliveWithSession => ERRCODE_INVALID_PARAMETER_VALUE, // 22023
+            LockError::KeepaliveNotLive { .. } | LockError::RenewAttached { .. } => {
+                ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE // 55000
+            }
+            LockError::WrongKind { .. } => ERRCODE_WRONG_OBJECT_TYPE, // 42809
             LockError::NotPermitted { .. } => ERRCODE_INSUFFICIENT_PRIVILEGE, // 42501
-            LockError::SessionLeasesOff => ERRCODE_FEATURE_NOT_SUPPORTED,     // 0A000
-            LockError::TooManyClaims => ERRCODE_OUT_OF_MEMORY,                // 53200
+            LockError::SessionLeasesOff => ERRCODE_FEATURE_NOT_SUPPORTED, // 0A000
+            LockError::TooManyClaims => ERRCODE_OUT_OF_MEMORY,        // 53200
             LockError::IdentifierTooLong { .. } => ERRCODE_STRING_DATA_RIGHT_TRUNCATION, // 22001
-            LockError::ReadOnlyServer => ERRCODE_READ_ONLY_SQL_TRANSACTION,   // 25006
+            LockError::ReadOnlyServer => ERRCODE_READ_ONLY_SQL_TRANSACTION, // 25006
             LockError::WaitNeedsReadCommitted
             | LockError::ObserveNeedsReadCommitted
-            | LockError::SetValueNeedsReadCommitted => {
+            | LockError::SetValueNeedsReadCommitted
+            | LockError::KeepaliveNeedsReadCommitted => {
                 ERRCODE_FEATURE_NOT_SUPPORTED // 0A000
             }
             LockError::ClockOutOfRange => ERRCODE_DATETIME_FIELD_OVERFLOW, // 22008
@@ -214,6 +235,18 @@ impl LockError {
             LockError::SetValueNeedsReadCommitted => Some(
                 "A snapshot taken at the transaction's start can show a lease that has since \
                  ended as still held; set the value from a READ COMMITTED transaction.",
+            ),
+            LockError::KeepaliveNotLive { .. } => Some(
+                "It expired, was revoked, or was granted by another role: grant a new one with \
+                 lockext.lock_keepalive_grant and take the locks again, attached to it.",
+            ),
+            LockError::RenewAttached { .. } => Some(
+                "Renew the keep-alive (lockext.lock_keepalive_renew), or take the lock again \
+                 with keepalive => NULL and a ttl to give it an expiry of its own.",
+            ),
+            LockError::KeepaliveNeedsReadCommitted => Some(
+                "A keep-alive is renewed all the time: a snapshot taken at the transaction's \
+                 start sees an old expiry. Attach from a READ COMMITTED transaction.",
             ),
             LockError::ValueTooLarge { .. } => Some(
                 "Publish where the data is (an address, a key), not the data: every follower \

@@ -46,10 +46,12 @@ pub struct Params<'a> {
     /// $9, $10: a semaphore's permits, and the slot its taker claimed (shared_leases only).
     pub permits: Option<i32>,
     pub slot: Option<i32>,
+    /// $11: the keep-alive the lease is attached to (`keepalive.rs`), or none.
+    pub keepalive: Option<i64>,
 }
 
 impl Params<'_> {
-    pub fn datums(&self) -> [DatumWithOid<'_>; 10] {
+    pub fn datums(&self) -> [DatumWithOid<'_>; 11] {
         [
             self.lock_id.into(),
             self.owner.into(),
@@ -61,6 +63,7 @@ impl Params<'_> {
             self.session.into(),
             self.permits.into(),
             self.slot.into(),
+            self.keepalive.into(),
         ]
     }
 
@@ -81,6 +84,7 @@ pub(crate) const ACQUIRE_PARAMS: &[pg_sys::PgBuiltInOids] = &[
     TIMESTAMPTZOID,
     INT4OID,
     INT4OID,
+    INT8OID,
 ];
 
 /// Before an exclusive grant: every dead shared lease and permit of the lock id.
@@ -244,6 +248,8 @@ pub struct Request<'a> {
     pub lock_delay: Duration,
     pub kind: Kind,
     pub session: Option<TimestampWithTimeZone>,
+    /// The keep-alive that renews the lease (its `ttl` is then unused), or none.
+    pub keepalive: Option<i64>,
 }
 
 impl<'a> Request<'a> {
@@ -257,9 +263,18 @@ impl<'a> Request<'a> {
         mode: Option<Text<'_>>,
         permits: Option<i32>,
         session_bound: Option<bool>,
+        keepalive: Option<i64>,
     ) -> Result<Request<'a>, LockError> {
         let owner = error::identifier("owner", owner)?;
-        let ttl = error::ttl(ttl)?;
+        let keepalive = error::optional_token("keepalive", keepalive)?;
+        let ttl = match (keepalive, ttl) {
+            (None, ttl) => error::ttl(ttl)?,
+            // Unused: the statements store 'infinity' as an attached lease's own expiry
+            // (its keep-alive's is the one in force: `keepalive::lease_expiry`). new()
+            // fails only out of range, which one microsecond is not.
+            (Some(_), None) => Interval::new(0, 0, 1).map_err(|_| LockError::KeepaliveWithTtl)?,
+            (Some(_), Some(_)) => return Err(LockError::KeepaliveWithTtl),
+        };
         // NULL waits no more than the default does: not at all.
         let wait = match wait {
             None => Duration::ZERO,
@@ -274,6 +289,14 @@ impl<'a> Request<'a> {
         if !wait.is_zero() && backend::snapshot_per_transaction() {
             return Err(LockError::WaitNeedsReadCommitted);
         }
+        if keepalive.is_some() {
+            if session_bound == Some(true) {
+                return Err(LockError::KeepaliveWithSession);
+            }
+            if backend::snapshot_per_transaction() {
+                return Err(LockError::KeepaliveNeedsReadCommitted);
+            }
+        }
         let session = match session_bound {
             Some(true) => Some(session::this_session()?),
             _ => None,
@@ -286,6 +309,7 @@ impl<'a> Request<'a> {
             lock_delay,
             kind,
             session,
+            keepalive,
         })
     }
 }

@@ -29,10 +29,11 @@ use crate::commit;
 use crate::error::{self, LockError, OrReport};
 use crate::exclusive;
 use crate::grant::{extend_own, Attempt, Granted, Kind, Params, Request};
+use crate::keepalive;
 use crate::session;
 use crate::settings;
 use crate::shared;
-use crate::statements::{first_value, Statement};
+use crate::statements::Statement;
 use crate::stats::{self, Counter};
 use crate::text::Text;
 use crate::wait;
@@ -109,7 +110,9 @@ static NOTIFY: Statement = Statement {
 /// it is not available. `lock_delay` (default: the lockext.lock_delay setting) keeps the
 /// lock unavailable that long after this grant's lease expires without a release. `mode`
 /// 'shared' takes one of many shared (read) leases; `permits` takes one permit of a
-/// semaphore with that many; `session_bound` also ends the lease when this session does.
+/// semaphore with that many; `session_bound` also ends the lease when this session does;
+/// `keepalive` attaches the lease to a keep-alive of the caller's (`keepalive.rs`), which
+/// renews it (`ttl` is then NULL).
 #[allow(clippy::too_many_arguments)]
 // Its C symbol, lock_acquire_0_3_wrapper, is one no older library has (compat.rs).
 #[pg_extern(volatile, parallel_unsafe, name = "lock_acquire")]
@@ -123,6 +126,7 @@ fn lock_acquire_0_3(
     mode: default!(Option<Text<'_>>, "'exclusive'"),
     permits: default!(Option<i32>, "NULL"),
     session_bound: default!(Option<bool>, "false"),
+    keepalive: default!(Option<i64>, "NULL"),
 ) -> Option<pgrx::composite_type!('static, "lock_grant")> {
     caller::as_member(|| {
         let lock_id = error::identifier("lock_id", lock_id)?;
@@ -135,6 +139,7 @@ fn lock_acquire_0_3(
             mode,
             permits,
             session_bound,
+            keepalive,
         )?;
         acquire(&request)?.map(|g| g.to_grant()).transpose()
     })
@@ -182,6 +187,7 @@ pub fn acquire(request: &Request<'_>) -> Result<Option<Granted>, LockError> {
             _ => None,
         },
         slot: None,
+        keepalive: request.keepalive,
     };
     let granted = if request.wait.is_zero() {
         attempt(request, &mut params, 0)?.0
@@ -248,6 +254,11 @@ fn attempt(
     params: &mut Params<'_>,
     ticket: u64,
 ) -> Result<Attempt, LockError> {
+    // The keep-alive must be live by this try's clock, and stays share-locked to the end of
+    // the transaction, so that its row outlasts the lease attached to it.
+    if let Some(keepalive) = request.keepalive {
+        keepalive::attach(keepalive, params.role, params.now)?;
+    }
     // Shared leases and permits go side by side (a semaphore's takers then claim slots);
     // an exclusive acquire goes alone.
     let mode = match request.kind {
@@ -406,9 +417,25 @@ pub fn first_found<T>(
     Ok(None)
 }
 
-/// A renewal's row: the lease's new expiry.
+/// A renewal's row: the lease's new expiry. A lease attached to a keep-alive is renewed by
+/// it, not by lock_renew: an error, rather than an answer the caller would read as "lost".
 pub fn renewed(rows: SpiTupleTable<'_>) -> Result<Option<TimestampWithTimeZone>, LockError> {
-    Ok(first_value(rows)?)
+    if rows.is_empty() {
+        return Ok(None);
+    }
+    let row = rows.first();
+    // The statements of older versions' functions (compat.rs) have no such column.
+    if let Some(keepalive) = row.get_by_name::<i64, _>("keepalive").ok().flatten() {
+        return Err(LockError::RenewAttached {
+            lock_id: row
+                .get_by_name::<String, _>("lock_id")
+                .ok()
+                .flatten()
+                .unwrap_or_default(),
+            keepalive,
+        });
+    }
+    Ok(row.get_by_name::<TimestampWithTimeZone, _>("expires_at")?)
 }
 
 /// A release's row: whether the lease was still live, and its token.

@@ -16,6 +16,7 @@ mod error;
 mod exclusive;
 mod fence;
 mod grant;
+mod keepalive;
 mod lease;
 mod reaper;
 mod session;

@@ -84,6 +84,35 @@ static REAP: [Statement; 2] = [
     },
 ];
 
+// And keep-alives (src/keepalive.rs): those expired are ended, then the leases attached
+// to ended ones deleted once free, then the ended ones without leases, in two steps (why
+// two: lock_ended_keepalives.sql).
+static END_KEEPALIVES: Statement = Statement {
+    sql: include_str!("../sql/run/reaper/end_keepalives.sql"),
+    params: &[INT4OID, TIMESTAMPTZOID],
+};
+
+static REAP_ATTACHED: [Statement; 2] = [
+    Statement {
+        sql: include_str!("../sql/run/reaper/reap_attached_locks.sql"),
+        params: &[INT4OID, BOOLOID, TIMESTAMPTZOID],
+    },
+    Statement {
+        sql: include_str!("../sql/run/reaper/reap_attached_shared_leases.sql"),
+        params: &[INT4OID, BOOLOID, TIMESTAMPTZOID],
+    },
+];
+
+static LOCK_ENDED_KEEPALIVES: Statement = Statement {
+    sql: include_str!("../sql/run/reaper/lock_ended_keepalives.sql"),
+    params: &[INT4OID],
+};
+
+static PURGE_KEEPALIVES: Statement = Statement {
+    sql: include_str!("../sql/run/reaper/purge_keepalives.sql"),
+    params: &[INT8ARRAYOID],
+};
+
 // And values whose grant is no longer live (src/election.rs), which nobody shows.
 static OWN_SCHEMA: Statement = Statement {
     sql: include_str!("../sql/run/reaper/own_schema.sql"),
@@ -937,6 +966,24 @@ pub fn reap_batch(limit: i32) -> Result<(u64, bool), LockError> {
             let n = ended(statement.run(client, &args)?)?;
             more |= n >= limit as u64;
             total += n;
+        }
+        let expired = END_KEEPALIVES.run(client, &[DatumWithOid::from(limit), now.into()])?;
+        more |= expired.len() >= limit as usize;
+        for statement in &REAP_ATTACHED {
+            let n = ended(statement.run(client, &args)?)?;
+            more |= n >= limit as u64;
+            total += n;
+        }
+        let locked = LOCK_ENDED_KEEPALIVES.run(client, &[DatumWithOid::from(limit)])?;
+        let keepalives: Vec<i64> = first_value::<Vec<Option<i64>>>(locked)?
+            .unwrap_or_default()
+            .into_iter()
+            .flatten()
+            .collect();
+        if !keepalives.is_empty() {
+            let locked_all = keepalives.len() >= limit as usize;
+            let purged = PURGE_KEEPALIVES.run(client, &[keepalives.into()])?.len();
+            more |= locked_all && purged > 0; // a full batch that made progress: go on
         }
         let values = REAP_VALUES.run(client, &[DatumWithOid::from(limit), now.into()])?;
         more |= values.len() >= limit as usize;

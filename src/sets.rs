@@ -19,7 +19,8 @@ use crate::text::{Text, TextBuf};
 use crate::xact;
 
 /// Takes every lock in `lock_ids` for `owner`, or none: one grant per distinct lock id, in
-/// sorted order, or no rows. `wait` bounds the time for the whole set.
+/// sorted order, or no rows. `wait` bounds the time for the whole set; `keepalive`
+/// attaches every lease of the set to that keep-alive of the caller's (`ttl` NULL).
 // Its C symbol, lock_acquire_all_0_3_wrapper, is one no older library has (compat.rs).
 #[pg_extern(volatile, parallel_unsafe, name = "lock_acquire_all")]
 #[search_path(pg_catalog, pg_temp)]
@@ -30,6 +31,7 @@ fn lock_acquire_all_0_3(
     wait: default!(Option<Interval>, "'0 seconds'"),
     mode: default!(Option<Text<'_>>, "'exclusive'"),
     session_bound: default!(Option<bool>, "false"),
+    keepalive: default!(Option<i64>, "NULL"),
 ) -> TableIterator<
     'static,
     (
@@ -41,8 +43,10 @@ fn lock_acquire_all_0_3(
     ),
 > {
     TableIterator::new(
-        caller::as_member(|| acquire_all(lock_ids, owner, ttl, wait, mode, session_bound))
-            .or_report(),
+        caller::as_member(|| {
+            acquire_all(lock_ids, owner, ttl, wait, mode, session_bound, keepalive)
+        })
+        .or_report(),
     )
 }
 
@@ -70,6 +74,7 @@ fn acquire_all(
     wait: Option<Interval>,
     mode: Option<Text<'_>>,
     session_bound: Option<bool>,
+    keepalive: Option<i64>,
 ) -> Result<Vec<GrantRow>, LockError> {
     let ids = sorted_ids(lock_ids)?;
     let base = Request::validate(
@@ -81,6 +86,7 @@ fn acquire_all(
         mode,
         None,
         session_bound,
+        keepalive,
     )?;
     let deadline = Instant::now() + base.wait;
     let grants = xact::all_or_nothing(|| {

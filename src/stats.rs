@@ -30,9 +30,11 @@ pub enum Counter {
     LeasesReaped,
     FenceStale,
     FenceForged,
+    KeepaliveRenewalsOk,
+    KeepaliveRenewalsFailed,
 }
 
-const COUNTERS: usize = 10;
+const COUNTERS: usize = 12;
 const NAMES: [&str; COUNTERS] = [
     "acquires_granted",
     "acquires_refused",
@@ -44,6 +46,8 @@ const NAMES: [&str; COUNTERS] = [
     "leases_reaped",
     "fence_rejected_stale",
     "fence_rejected_forged",
+    "keepalive_renewals_ok",
+    "keepalive_renewals_failed",
 ];
 
 #[derive(Default)]

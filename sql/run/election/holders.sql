@@ -6,14 +6,15 @@
 -- $1 lock_id, $2 now (the call's clock), $3 limit (NULL: every holder)
 SELECT h.owner, h.kind, h.fence_token, v.value, coalesce(v.version, 0) AS version,
        h.acquired_at, h.expires_at
-  FROM (SELECT 'exclusive'::text AS kind, owner, fence_token, acquired_at, expires_at
+  FROM (SELECT 'exclusive'::text AS kind, owner, fence_token, acquired_at,
+               lockext.lease_expiry(expires_at, keepalive) AS expires_at
           FROM lockext.locks
-         WHERE lock_id = $1 AND expires_at > $2
+         WHERE lock_id = $1 AND lockext.lease_expiry(expires_at, keepalive) > $2
         UNION ALL
         SELECT CASE WHEN permits IS NULL THEN 'shared' ELSE 'permit' END, owner, fence_token,
-               acquired_at, expires_at
+               acquired_at, lockext.lease_expiry(expires_at, keepalive)
           FROM lockext.shared_leases
-         WHERE lock_id = $1 AND expires_at > $2) AS h
+         WHERE lock_id = $1 AND lockext.lease_expiry(expires_at, keepalive) > $2) AS h
   LEFT JOIN lockext.lease_values AS v ON v.lock_id = $1 AND v.fence_token = h.fence_token
  ORDER BY h.fence_token
  LIMIT $3

@@ -13,11 +13,11 @@
 WITH held AS (
     SELECT lock_id, fence_token FROM lockext.locks
      WHERE lock_id = $1 AND owner = $2 AND fence_token = $5 AND holder_role = $3
-       AND expires_at > $4
+       AND lockext.lease_expiry(expires_at, keepalive) > $4
     UNION ALL
     SELECT lock_id, fence_token FROM lockext.shared_leases
      WHERE lock_id = $1 AND owner = $2 AND fence_token = $5 AND holder_role = $3
-       AND expires_at > $4
+       AND lockext.lease_expiry(expires_at, keepalive) > $4
 ), stored AS (
     INSERT INTO lockext.lease_values AS v (lock_id, fence_token, owner, value, version, set_at)
     SELECT lock_id, fence_token, $2, $6, 1, $4 FROM held LIMIT 1
@@ -31,10 +31,10 @@ WITH held AS (
              WHERE o.lock_id = $1 AND o.fence_token <> $5 AND EXISTS (SELECT FROM held)
                AND NOT EXISTS (SELECT FROM lockext.locks AS l
                                 WHERE l.lock_id = o.lock_id AND l.fence_token = o.fence_token
-                                  AND l.expires_at > $4)
+                                  AND lockext.lease_expiry(l.expires_at, l.keepalive) > $4)
                AND NOT EXISTS (SELECT FROM lockext.shared_leases AS s
                                 WHERE s.lock_id = o.lock_id AND s.fence_token = o.fence_token
-                                  AND s.expires_at > $4)
+                                  AND lockext.lease_expiry(s.expires_at, s.keepalive) > $4)
                FOR UPDATE SKIP LOCKED) AS orphan
      WHERE v.lock_id = orphan.lock_id AND v.fence_token = orphan.fence_token
 )

@@ -2,15 +2,20 @@
 -- same token). Either way in place: there is no moment at which the lock id has no row.
 -- Returns the grant (grant::Granted, read by name), then minted (whether it minted a
 -- token) and previous_token (the token it replaced, a take-over's).
+-- A lease dead because its keep-alive expired is taken only once that keep-alive is ended
+-- (lockext.end_keepalive; see grant/clear_dead_exclusive.sql). The grant is attached to
+-- keep-alive $11 (its own expiry then 'infinity': lockext.lease_expiry), or to none.
 -- $1 lock_id, $2 owner, $3 role (the calling role), $4 ttl, $5 now (the call's clock),
 -- $6 token (the new grant's), $7 lock_delay, $8 session_start (NULL: not session-bound),
--- $9 permits, $10 slot (grant::Params, ACQUIRE_PARAMS: every acquire statement takes all ten)
+-- $9 permits, $10 slot, $11 keepalive (NULL: none) (grant::Params, ACQUIRE_PARAMS: every
+-- acquire statement takes all eleven)
 UPDATE lockext.locks AS l
    SET owner = $2,
        holder_role = $3,
        fence_token = CASE WHEN c.same_grant THEN l.fence_token ELSE $6 END,
        acquired_at = CASE WHEN c.same_grant THEN l.acquired_at ELSE $5 END,
-       expires_at = $5 + $4,
+       expires_at = CASE WHEN $11 IS NULL THEN $5 + $4 ELSE 'infinity' END,
+       keepalive = $11,
        renewals = CASE WHEN c.same_grant THEN l.renewals + 1 ELSE 0 END,
        lock_delay = $7,
        session_start = $8,
@@ -18,11 +23,15 @@ UPDATE lockext.locks AS l
        application_name = current_setting('application_name'),
        client_addr = inet_client_addr()
   FROM (SELECT lock_id, fence_token AS old_token,
-               expires_at > $5 AND owner = $2 AND holder_role = $3 AS same_grant
+               lockext.lease_expiry(expires_at, keepalive) > $5 AND owner = $2 AND holder_role = $3
+                   AS same_grant
           FROM lockext.locks
          WHERE lock_id = $1
-           AND (expires_at + lock_delay <= $5 OR (owner = $2 AND holder_role = $3))
+           AND (lockext.lease_expiry(expires_at, keepalive) + lock_delay <= $5
+                    AND (keepalive IS NULL OR lockext.end_keepalive(keepalive, $5))
+                OR (owner = $2 AND holder_role = $3))
            FOR UPDATE SKIP LOCKED) AS c
  WHERE l.lock_id = c.lock_id
-RETURNING l.lock_id, l.owner, l.fence_token, l.acquired_at, l.expires_at,
+RETURNING l.lock_id, l.owner, l.fence_token, l.acquired_at,
+          lockext.lease_expiry(l.expires_at, l.keepalive) AS expires_at,
           NOT c.same_grant AS minted, c.old_token AS previous_token

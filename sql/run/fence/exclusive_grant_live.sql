@@ -3,4 +3,4 @@
 -- $1 lock_id, $2 fence_token, $3 role (the calling role)
 SELECT EXISTS (SELECT FROM lockext.locks
                 WHERE lock_id = $1 AND fence_token = $2 AND holder_role = $3
-                  AND expires_at > clock_timestamp()) AS live
+                  AND lockext.lease_expiry(expires_at, keepalive) > clock_timestamp()) AS live

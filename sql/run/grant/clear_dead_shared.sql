@@ -6,13 +6,17 @@
 -- never both succeed: whichever locks the row first wins, and a renewal that comes second
 -- finds its row deleted. (Reading the dead rows without deleting them, as 0.2.0 did, let
 -- a renewal paused after reading the clock revive a lease that a conflicting grant had
--- already seen expire.)
+-- already seen expire.) A lease dead because its keep-alive expired is deleted only once
+-- that keep-alive is ended (lockext.end_keepalive), for the same reason: the keep-alive's
+-- renewal must not revive it, nor the keep-alive's other leases beside this grant.
 -- $1 lock_id, $2 owner, $3 role (the calling role), $4 ttl, $5 now (the call's clock),
 -- $6 token (the new grant's), $7 lock_delay, $8 session_start (NULL: not session-bound),
--- $9 permits, $10 slot (grant::Params, ACQUIRE_PARAMS: every acquire statement takes all ten)
+-- $9 permits, $10 slot, $11 keepalive (NULL: none) (grant::Params, ACQUIRE_PARAMS: every
+-- acquire statement takes all eleven)
 WITH dead AS (SELECT lock_id, owner
                 FROM lockext.shared_leases
-               WHERE lock_id = $1 AND expires_at + lock_delay <= $5
+               WHERE lock_id = $1 AND lockext.lease_expiry(expires_at, keepalive) + lock_delay <= $5
+                 AND (keepalive IS NULL OR lockext.end_keepalive(keepalive, $5))
                  FOR UPDATE SKIP LOCKED),
      gone AS (DELETE FROM lockext.shared_leases AS t
                USING dead
@@ -21,4 +25,4 @@ WITH dead AS (SELECT lock_id, owner
 SELECT (SELECT count(*) FROM gone) =
        (SELECT count(*)
           FROM lockext.shared_leases
-         WHERE lock_id = $1 AND expires_at + lock_delay <= $5)
+         WHERE lock_id = $1 AND lockext.lease_expiry(expires_at, keepalive) + lock_delay <= $5)

@@ -5,7 +5,7 @@
 -- $1 lock_id, $2 owner, $3 role (the calling role), $4 now (the call's clock),
 -- $5 fence_token (NULL: whichever grant the caller holds) (lease::Held, HELD_PARAMS)
 DELETE FROM lockext.locks AS l
- USING (SELECT lock_id, owner, expires_at > $4 AS live
+ USING (SELECT lock_id, owner, lockext.lease_expiry(expires_at, keepalive) > $4 AS live
           FROM lockext.locks
          WHERE lock_id = $1 AND owner = $2
            AND (holder_role = $3 OR pg_has_role($3, 'lockext_admin', 'MEMBER'))

@@ -8,10 +8,10 @@ DELETE FROM lockext.lease_values AS v
           FROM lockext.lease_values AS o
          WHERE NOT EXISTS (SELECT FROM lockext.locks AS l
                             WHERE l.lock_id = o.lock_id AND l.fence_token = o.fence_token
-                              AND l.expires_at > $2)
+                              AND lockext.lease_expiry(l.expires_at, l.keepalive) > $2)
            AND NOT EXISTS (SELECT FROM lockext.shared_leases AS s
                             WHERE s.lock_id = o.lock_id AND s.fence_token = o.fence_token
-                              AND s.expires_at > $2)
+                              AND lockext.lease_expiry(s.expires_at, s.keepalive) > $2)
          LIMIT $1
            FOR UPDATE SKIP LOCKED) AS orphan
  WHERE v.lock_id = orphan.lock_id AND v.fence_token = orphan.fence_token

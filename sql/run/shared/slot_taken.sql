@@ -1,7 +1,8 @@
 -- Is slot $10 taken by a live permit of someone else's?
 -- $1 lock_id, $2 owner, $3 role (the calling role), $4 ttl, $5 now (the call's clock),
 -- $6 token (the new grant's), $7 lock_delay, $8 session_start (NULL: not session-bound),
--- $9 permits, $10 slot (grant::Params, ACQUIRE_PARAMS: every acquire statement takes all ten)
+-- $9 permits, $10 slot, $11 keepalive (NULL: none) (grant::Params, ACQUIRE_PARAMS: every
+-- acquire statement takes all eleven)
 SELECT EXISTS (SELECT FROM lockext.shared_leases
-                WHERE lock_id = $1 AND slot = $10 AND expires_at + lock_delay > $5
+                WHERE lock_id = $1 AND slot = $10 AND lockext.lease_expiry(expires_at, keepalive) + lock_delay > $5
                   AND NOT (owner = $2 AND holder_role = $3)) AS taken

@@ -71,6 +71,12 @@ SELECT nextval('lockext.fence_token_seq');
 SELECT setval('lockext.fence_token_seq', 1);
 -- Nor minting a token of one's own (lockext's own, called inside a grant's statement).
 SELECT lockext.grant_token();
+-- Nor making or ending a keep-alive (lockext's own end_keepalive is called inside a
+-- grant's statement). Reading an attached lease's expiry is anyone's, whatever their
+-- search_path: lease_expiry's one statement names even its operator.
+INSERT INTO lockext.keepalives VALUES (1, 10, '1 minute', now(), 'infinity');
+SELECT lockext.end_keepalive(1, now());
+SELECT lockext.lease_expiry('2026-01-01', NULL), lockext.lease_expiry('2026-01-01', 1);
 RESET ROLE;
 -- Not even a superuser mints one outside a grant.
 SELECT lockext.grant_token();

@@ -1,0 +1,270 @@
+//! Keep-alives: one renewal for many leases (etcd's lease with many keys, a Consul or
+//! ZooKeeper session).
+//!
+//! Wording: a **keep-alive** is a row of `lockext.keepalives`, held by the role that
+//! granted it, with a time to live of its own; a lease **attached** to it (lock_acquire's
+//! `keepalive`) has no expiry of its own: its row says `keepalive` and `expires_at =
+//! 'infinity'`, and the lease expires when its keep-alive does (`lease_expiry`, which every
+//! statement that decides whether a lease is live reads). So one renewal of one row
+//! (`lock_keepalive_renew`) extends every attached lease, however many there are. Each
+//! attached lease keeps its own fencing token. A keep-alive's id is a token too
+//! (`token::mint`): never handed out twice, so a client holding a stale id cannot renew or
+//! attach to anyone else's.
+//!
+//! A keep-alive is **ended** once it can never be renewed again: revoked by its holder
+//! (`lock_keepalive_revoke`, which also deletes its leases), or found expired by a grant
+//! or the reaper that acts on that. A grant that treats an attached lease as dead because
+//! its keep-alive expired ends the keep-alive first, in the same statement that takes the
+//! lease over or deletes it (`end_keepalive`, skipping a keep-alive that a renewal holds
+//! locked right now): so a renewal and a conflicting grant never both succeed, as for a
+//! lease's own renewal (sql/run/grant/clear_dead_exclusive.sql). The reaper ends expired
+//! keep-alives, deletes their leases once free, and then the keep-alive's row.
+
+use std::time::Duration;
+
+use pgrx::datum::DatumWithOid;
+use pgrx::pg_sys;
+use pgrx::pg_sys::BuiltinOid::*;
+use pgrx::prelude::*;
+
+use crate::backend;
+use crate::caller;
+use crate::error::{self, LockError, OrReport};
+use crate::settings;
+use crate::statements::{first_value, Statement};
+use crate::stats::{self, Counter};
+use crate::text::TextBuf;
+use crate::token;
+use crate::wait;
+use crate::xact;
+
+static GRANT: Statement = Statement {
+    sql: include_str!("../sql/run/keepalive/grant.sql"),
+    params: &[INT8OID, OIDOID, INTERVALOID, TIMESTAMPTZOID],
+};
+
+static RENEW: Statement = Statement {
+    sql: include_str!("../sql/run/keepalive/renew.sql"),
+    params: &[INT8OID, OIDOID, TIMESTAMPTZOID, INTERVALOID],
+};
+
+// Read under the newest snapshot (`Statement::read_latest`).
+static HELD: Statement = Statement {
+    sql: include_str!("../sql/run/keepalive/held.sql"),
+    params: &[INT8OID, OIDOID, TIMESTAMPTZOID],
+};
+
+static REVOKE: Statement = Statement {
+    sql: include_str!("../sql/run/keepalive/revoke.sql"),
+    params: &[INT8OID, OIDOID, TIMESTAMPTZOID, BOOLOID],
+};
+
+static ATTACH: Statement = Statement {
+    sql: include_str!("../sql/run/keepalive/attach.sql"),
+    params: &[INT8OID, OIDOID, TIMESTAMPTZOID],
+};
+
+static EXPIRY: Statement = Statement {
+    sql: include_str!("../sql/run/keepalive/expiry.sql"),
+    params: &[INT8OID],
+};
+
+static END: Statement = Statement {
+    sql: include_str!("../sql/run/keepalive/end.sql"),
+    params: &[INT8OID, TIMESTAMPTZOID],
+};
+
+static ENDED: Statement = Statement {
+    sql: include_str!("../sql/run/keepalive/ended.sql"),
+    params: &[INT8OID, TIMESTAMPTZOID],
+};
+
+/// A new keep-alive of the calling role, live for `ttl` (default 30 seconds, the most a
+/// day); its id is what lock_acquire's `keepalive` and the other keep-alive functions take.
+#[pg_extern(volatile, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
+fn lock_keepalive_grant(
+    ttl: default!(Option<Interval>, "'30 seconds'"),
+) -> TableIterator<
+    'static,
+    (
+        name!(keepalive, i64),
+        name!(expires_at, TimestampWithTimeZone),
+    ),
+> {
+    caller::as_member(|| {
+        let ttl = error::ttl(ttl)?;
+        backend::writable_server()?;
+        let now = backend::now()?;
+        let role = caller::role();
+        Spi::connect_mut(|client| {
+            let id = token::mint(client)?;
+            let rows = GRANT.run(client, &[id.into(), role.into(), ttl.into(), now.into()])?;
+            let row = rows.first();
+            let expires_at = row
+                .get_by_name::<TimestampWithTimeZone, _>("expires_at")?
+                .ok_or(LockError::MissingColumn { name: "expires_at" })?;
+            Ok(TableIterator::once((id, expires_at)))
+        })
+    })
+    .or_report()
+}
+
+/// Extends the keep-alive, and every lease attached to it, to now + `ttl` (NULL: the
+/// keep-alive's own); NULL when the caller holds no such live keep-alive (it expired, was
+/// revoked or ended, or is another role's).
+#[pg_extern(volatile, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
+fn lock_keepalive_renew(
+    keepalive: Option<i64>,
+    ttl: default!(Option<Interval>, "NULL"),
+) -> Option<TimestampWithTimeZone> {
+    caller::as_member(|| {
+        let keepalive = error::token("keepalive", keepalive)?;
+        let ttl = ttl.map(|t| error::ttl(Some(t))).transpose()?;
+        backend::writable_server()?;
+        let (role, now) = (caller::role(), backend::now()?);
+        let renewed = while_briefly_locked(keepalive, role, now, || {
+            Spi::connect_mut(|client| {
+                let args = [keepalive.into(), role.into(), now.into(), ttl.into()];
+                xact::kept_if_found(|| Ok(first_value(RENEW.run(client, &args)?)?))
+            })
+        })?;
+        stats::count(if renewed.is_some() {
+            Counter::KeepaliveRenewalsOk
+        } else {
+            Counter::KeepaliveRenewalsFailed
+        });
+        Ok(renewed)
+    })
+    .or_report()
+}
+
+/// Ends the keep-alive for good and releases every lease attached to it; the number of
+/// leases ended, NULL when the caller holds no such keep-alive (or a lockext_admin member
+/// names another role's). An expired keep-alive may be revoked too (its leases are then
+/// cleared at once, not by the reaper).
+#[pg_extern(volatile, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
+fn lock_keepalive_revoke(keepalive: Option<i64>) -> Option<i64> {
+    caller::as_member(|| {
+        let keepalive = error::token("keepalive", keepalive)?;
+        backend::writable_server()?;
+        let (role, now) = (caller::role(), backend::now()?);
+        let notify = settings::NOTIFY.get();
+        // Any held keep-alive, live or not, may be revoked: `held` asks only that it exist.
+        let ended = while_briefly_locked(keepalive, role, now, || {
+            Spi::connect_mut(|client| {
+                let args = [keepalive.into(), role.into(), now.into(), notify.into()];
+                xact::kept_if_found(|| {
+                    let rows = REVOKE.run(client, &args)?;
+                    if rows.is_empty() {
+                        return Ok(None);
+                    }
+                    let mut ended = 0i64;
+                    for row in rows {
+                        if let Some(lock_id) = row.get_by_name::<TextBuf, _>("lock_id")? {
+                            wait::wake_head_at_commit(lock_id.as_text());
+                            ended += 1;
+                        }
+                    }
+                    Ok(Some(ended))
+                })
+            })
+        })?;
+        Ok(ended)
+    })
+    .or_report()
+}
+
+/// Runs a renewal or revocation of a keep-alive, and again while it found nothing although
+/// the caller's live keep-alive is there: its row was locked for a moment by someone else
+/// (the reaper or a grant that looked at it as expired and found it renewed keeps its lock
+/// until its short transaction ends), as `lease::while_briefly_locked` does for leases.
+/// Bounded: after 100 ms the answer stands.
+fn while_briefly_locked<T>(
+    keepalive: i64,
+    role: pg_sys::Oid,
+    now: TimestampWithTimeZone,
+    mut attempt: impl FnMut() -> Result<Option<T>, LockError>,
+) -> Result<Option<T>, LockError> {
+    let args = [
+        DatumWithOid::from(keepalive),
+        role.into(),
+        DatumWithOid::from(now),
+    ];
+    for _ in 0..100 {
+        if let Some(done) = attempt()? {
+            return Ok(Some(done));
+        }
+        let held = Spi::connect_mut(|_| {
+            HELD.read_latest(&args)
+                .and_then(|row| row.get::<bool>("held"))
+                == Some(true)
+        });
+        if !held {
+            return Ok(None);
+        }
+        std::thread::sleep(Duration::from_millis(1));
+        pg_sys::check_for_interrupts!();
+    }
+    attempt()
+}
+
+/// Before a grant attached to `keepalive`: the keep-alive must be the calling role's, live
+/// by the grant's clock and not ended. Its row stays share-locked to the end of the
+/// transaction (sql/run/keepalive/attach.sql).
+pub fn attach(
+    keepalive: i64,
+    role: pg_sys::Oid,
+    now: TimestampWithTimeZone,
+) -> Result<(), LockError> {
+    let found = Spi::connect_mut(|client| {
+        Ok::<_, LockError>(first_value::<TimestampWithTimeZone>(
+            ATTACH.run(client, &[keepalive.into(), role.into(), now.into()])?,
+        )?)
+    })?;
+    match found {
+        Some(_) => Ok(()),
+        None => Err(LockError::KeepaliveNotLive { keepalive }),
+    }
+}
+
+/// When a lease expires: its own `expires_at`, or for a lease attached to a keep-alive,
+/// the keep-alive's (-infinity if the keep-alive is gone, which lockext never lets happen
+/// while a lease is attached). Every statement that decides whether a lease is live or
+/// free reads this; a lease without a keep-alive costs only the call.
+#[pg_extern(stable, parallel_restricted)]
+fn lease_expiry(
+    expires_at: Option<TimestampWithTimeZone>,
+    keepalive: Option<i64>,
+) -> Option<TimestampWithTimeZone> {
+    let Some(keepalive) = keepalive else {
+        return expires_at;
+    };
+    let found = Spi::connect_mut(|client| {
+        Ok::<_, LockError>(first_value::<TimestampWithTimeZone>(
+            EXPIRY.run(client, &[keepalive.into()])?,
+        )?)
+    })
+    .or_report();
+    Some(found.unwrap_or(TimestampWithTimeZone::negative_infinity()))
+}
+
+/// Ends `keepalive` if it has expired by `now` (sql/run/keepalive/end.sql): whether it is
+/// ended now, for good. Called by the statements that take over or delete a lease that is
+/// dead because its keep-alive expired, before they do.
+#[pg_extern(volatile, parallel_unsafe)]
+fn end_keepalive(keepalive: Option<i64>, now: Option<TimestampWithTimeZone>) -> bool {
+    let (Some(keepalive), Some(now)) = (keepalive, now) else {
+        return false;
+    };
+    Spi::connect_mut(|client| {
+        let args = [DatumWithOid::from(keepalive), now.into()];
+        if first_value::<bool>(END.run(client, &args)?)? == Some(true) {
+            return Ok::<_, LockError>(true);
+        }
+        Ok(first_value::<bool>(ENDED.run(client, &args)?)? == Some(true))
+    })
+    .or_report()
+}
