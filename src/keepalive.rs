@@ -20,8 +20,6 @@
 //! lease's own renewal (sql/run/grant/clear_dead_exclusive.sql). The reaper ends expired
 //! keep-alives, deletes their leases once free, and then the keep-alive's row.
 
-use std::time::Duration;
-
 use pgrx::datum::DatumWithOid;
 use pgrx::pg_sys;
 use pgrx::pg_sys::BuiltinOid::*;
@@ -29,6 +27,7 @@ use pgrx::prelude::*;
 
 use crate::backend;
 use crate::caller;
+use crate::commit;
 use crate::error::{self, LockError, OrReport};
 use crate::settings;
 use crate::statements::{first_value, Statement};
@@ -124,12 +123,15 @@ fn lock_keepalive_renew(
         let ttl = ttl.map(|t| error::ttl(Some(t))).transpose()?;
         backend::writable_server()?;
         let (role, now) = (caller::role(), backend::now()?);
+        // A renewal, as lock_renew's: losing it in a crash only ends leases early.
+        let only_leases = commit::only_leases_so_far();
         let renewed = while_briefly_locked(keepalive, role, now, || {
             Spi::connect_mut(|client| {
                 let args = [keepalive.into(), role.into(), now.into(), ttl.into()];
                 xact::kept_if_found(|| Ok(first_value(RENEW.run(client, &args)?)?))
             })
         })?;
+        commit::relax_if_only_leases(only_leases);
         stats::count(if renewed.is_some() {
             Counter::KeepaliveRenewalsOk
         } else {
@@ -152,7 +154,8 @@ fn lock_keepalive_revoke(keepalive: Option<i64>) -> Option<i64> {
         backend::writable_server()?;
         let (role, now) = (caller::role(), backend::now()?);
         let notify = settings::NOTIFY.get();
-        // Any held keep-alive, live or not, may be revoked: `held` asks only that it exist.
+        // A release, as lock_release's: losing it in a crash only ends leases later.
+        let only_leases = commit::only_leases_so_far();
         let ended = while_briefly_locked(keepalive, role, now, || {
             Spi::connect_mut(|client| {
                 let args = [keepalive.into(), role.into(), now.into(), notify.into()];
@@ -172,6 +175,7 @@ fn lock_keepalive_revoke(keepalive: Option<i64>) -> Option<i64> {
                 })
             })
         })?;
+        commit::relax_if_only_leases(only_leases);
         Ok(ended)
     })
     .or_report()
@@ -205,7 +209,7 @@ fn while_briefly_locked<T>(
         if !held {
             return Ok(None);
         }
-        std::thread::sleep(Duration::from_millis(1));
+        unsafe { pg_sys::pg_usleep(1000) };
         pg_sys::check_for_interrupts!();
     }
     attempt()
