@@ -275,6 +275,45 @@ mod tests {
     }
 
     #[pg_test]
+    fn reap_batch_ends_an_expired_keepalive_then_its_leases_then_its_row() {
+        let k: i64 = one("SELECT keepalive FROM lockext.lock_keepalive_grant('1 minute')").unwrap();
+        let live: i64 =
+            one("SELECT keepalive FROM lockext.lock_keepalive_grant('1 minute')").unwrap();
+        for (lock_id, of) in [
+            ("a@reap_keepalive", k),
+            ("b@reap_keepalive", k),
+            ("c@reap_keepalive", live),
+        ] {
+            assert!(one::<bool>(&format!(
+                "SELECT lockext.lock_acquire('{lock_id}', 'w', NULL, keepalive => {of}) IS NOT NULL"
+            ))
+            .unwrap());
+        }
+        assert!(one::<bool>(&format!(
+            "SELECT lockext.lock_acquire('d@reap_keepalive', 'w', NULL, mode => 'shared', \
+                                         keepalive => {k}) IS NOT NULL"
+        ))
+        .unwrap());
+        // A live keep-alive's leases are left alone, whatever their own (infinite) expiry.
+        assert_eq!(crate::reaper::reap_batch(10).unwrap(), (0, false));
+        Spi::run(&format!(
+            "UPDATE lockext.keepalives SET expires_at = clock_timestamp() - interval '1 second' \
+              WHERE keepalive = {k}"
+        ))
+        .unwrap();
+        // One batch: the keep-alive is ended, its three leases deleted, then its row.
+        assert_eq!(crate::reaper::reap_batch(10).unwrap(), (3, false));
+        let left: String = one("SELECT string_agg(lock_id, ',') FROM lockext.locks").unwrap();
+        assert_eq!(left, "c@reap_keepalive");
+        assert_eq!(rows("shared_leases"), 0);
+        let keepalives: i64 = one("SELECT count(*) FROM lockext.keepalives").unwrap();
+        assert_eq!(
+            keepalives, 1,
+            "the live keep-alive stays, the expired one is gone"
+        );
+    }
+
+    #[pg_test]
     fn reap_batch_deletes_only_expired_leases() {
         token_of("dead1@reap_batch_deletes_o", "w", "10 milliseconds").unwrap();
         token_of("dead2@reap_batch_deletes_o", "w", "10 milliseconds").unwrap();
