@@ -77,7 +77,7 @@ describe('keep-alive: attach and renew', () => {
       assert.ok(own > 25000 && own <= 30500, `${own} ms`)
       assert.deepEqual(await expiries(ka), new Set([ka.expiresAt.getTime()]))
       const row = (await db.query('SELECT renewals, leases FROM lockext.keepalive_holders WHERE keepalive = $1', [ka.id.toString()])).rows[0]
-      assert.deepEqual({ renewals: row.renewals, leases: Number(row.leases) }, { renewals: 2, leases: 4 })
+      assert.deepEqual({ renewals: Number(row.renewals), leases: Number(row.leases) }, { renewals: 2, leases: 4 })
     } finally {
       assert.equal(await ka.revoke(), 4)
     }

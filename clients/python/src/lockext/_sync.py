@@ -16,7 +16,14 @@ from ._common import (
     conninfo_of, connect_kwargs, default_owner, interval, mapped_errors, renew_every_of,
 )
 
-_DEFAULT_TTL = object()  # lock()'s ttl when not given: 30 s, or none for an attached lease
+class _DefaultTtl:
+    """lock()'s ttl when not given: 30 s, or none for a lease attached to a keep-alive."""
+
+    def __repr__(self):
+        return "30"
+
+
+_DEFAULT_TTL = _DefaultTtl()
 _REVOKED = "revoked by its holder"  # a KeepAlive's reason after its own revoke(): not a loss
 
 
@@ -116,7 +123,7 @@ def _attach(target, lock_id, ttl, *, owner, wait, renew_every, mode, permits, se
     if renew_every is not None:
         raise TypeError("renew_every: a lease attached to a keep-alive is renewed by the keep-alive")
     # A ttl is sent as given, for the server to refuse (22023): it has no meaning here.
-    ttl = None if ttl is _DEFAULT_TTL else interval(ttl, "ttl", zero_ok=False)
+    ttl = None if ttl is _DEFAULT_TTL or ttl is None else interval(ttl, "ttl", zero_ok=False)
     wait = interval(wait, "wait", zero_ok=True)
     owner = owner or default_owner()
     conninfo = conninfo_of(target)
@@ -422,7 +429,7 @@ class KeepAlive(_Renewer, LeaseClock):
         return self
 
     def __exit__(self, exc_type, exc, tb):
-        lost_before = self.lost
+        lost_before = self.lost and self.reason != _REVOKED  # a revoke() in the block is no loss
         self.revoke()
         if (lost_before or self.reason != _REVOKED) and exc_type is None:
             # the body finished, but its leases may have been someone else's for a while
