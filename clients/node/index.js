@@ -473,6 +473,7 @@ class KeepAlive extends Renewed {
   // (onLost), when the server refuses: it expired, was revoked or ended.
   async renew(ttl = null) {
     if (this._closing) throw this._lostError('was revoked')
+    if (this.reason !== null) throw this._lostError() // once lost, for good: its grants were told so
     if (ttl !== null) seconds(ttl, 'ttl', false)
     const sent = performance.now()
     let row

@@ -385,6 +385,8 @@ class KeepAlive(_Renewer, LeaseClock):
         ended."""
         if self._done:
             raise LeaseLost(f"keep-alive {self.id} was revoked")
+        if self.reason is not None:
+            self.check()  # once lost, for good: its grants were told so (on_lost)
         ttl = None if ttl is None else interval(ttl, "ttl", zero_ok=False)
         sent = time.monotonic()
         try:
