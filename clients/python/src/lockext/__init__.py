@@ -12,13 +12,15 @@ from ._common import (
     Error, Holder, InvalidArgument, LeaseLost, NotAcquired, NotSupported, Observed,
     PermissionDenied, ReadOnlyServer, StaleToken, default_owner,
 )
-from ._sync import Grant, campaign, declare_token, fence, fenced_update, holders, lock, observe
+from ._sync import (
+    Grant, KeepAlive, campaign, declare_token, fence, fenced_update, holders, keepalive, lock, observe,
+)
 
 __version__ = "0.1.0"
 
 __all__ = [
     "lock", "Grant", "fenced_update", "fence", "declare_token",
-    "campaign", "holders", "observe", "Holder", "Observed",
+    "campaign", "holders", "observe", "Holder", "Observed", "keepalive", "KeepAlive",
     "alock", "AsyncGrant", "afenced_update", "afence", "adeclare_token",
     "Error", "NotAcquired", "LeaseLost", "StaleToken", "InvalidArgument",
     "ReadOnlyServer", "PermissionDenied", "NotSupported", "default_owner",

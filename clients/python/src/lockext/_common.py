@@ -68,14 +68,20 @@ _BY_SQLSTATE = {
 }
 
 
+# 55000 where the call named a keep-alive: it is not live (expired, revoked, ended by a
+# grant over its leases, or another role's). Elsewhere 55000 means other things (an older
+# SQL script calling a newer library), so it is mapped only there.
+KEEPALIVE_NOT_LIVE = {"55000": LeaseLost}
+
+
 @contextlib.contextmanager
-def mapped_errors(only=None):
-    """Re-raises a psycopg error whose SQLSTATE lockext documents (or one of `only`) as
-    lockext's exception."""
+def mapped_errors(only=None, extra=None):
+    """Re-raises a psycopg error whose SQLSTATE lockext documents (or one of `only`), or
+    one of `extra` (SQLSTATE: class), as lockext's exception."""
     try:
         yield
     except psycopg.Error as e:
-        cls = _BY_SQLSTATE.get(e.sqlstate or "")
+        cls = (extra or {}).get(e.sqlstate or "") or _BY_SQLSTATE.get(e.sqlstate or "")
         if cls is None or (only is not None and e.sqlstate not in only):
             raise
         raise cls(e.diag.message_primary or str(e), e.sqlstate) from e
@@ -136,6 +142,16 @@ ACQUIRE = (
     "SELECT fence_token, expires_at FROM lockext.lock_acquire(%s::text, %s::text, %s::interval,"
     " wait => %s::interval, mode => %s::text, permits => %s::integer, session_bound => %s::boolean)"
 )
+# A lease attached to a keep-alive: sent only then, so that plain leases work with a server
+# whose lock_acquire has no keepalive argument.
+ACQUIRE_ATTACHED = (
+    "SELECT fence_token, expires_at FROM lockext.lock_acquire(%s::text, %s::text, %s::interval,"
+    " wait => %s::interval, mode => %s::text, permits => %s::integer, session_bound => %s::boolean,"
+    " keepalive => %s::bigint)"
+)
+KEEPALIVE_GRANT = "SELECT keepalive, expires_at FROM lockext.lock_keepalive_grant(%s::interval)"
+KEEPALIVE_RENEW = "SELECT lockext.lock_keepalive_renew(%s::bigint, %s::interval)"
+KEEPALIVE_REVOKE = "SELECT lockext.lock_keepalive_revoke(%s::bigint)"
 CAMPAIGN = (
     "SELECT fence_token, expires_at FROM lockext.lock_campaign(%s::text, %s::text, %s::interval,"
     " %s::jsonb, wait => %s::interval, mode => %s::text, permits => %s::integer)"
@@ -175,22 +191,20 @@ class Observed(NamedTuple):
     leader: Holder | None
 
 
-class GrantBase:
-    """A lease this process holds, as the renewer last saw it. Attributes: lock_id, owner,
-    token (int, exact), ttl (timedelta), expires_at (server time of the last grant or
-    renewal), renewals, released (lock_release's answer once released: True, False when
-    the lease had already ended, None if the release could not be sent), reason (why the
-    lease was lost, or None)."""
+class LeaseClock:
+    """What a lease and a keep-alive share: a ttl, renewed every renew_every, the server's
+    expiry as last seen (expires_at), renewals, and `reason` once lost. The local clock:
+    lost once no renewal succeeded within the ttl by our own clock, whatever the server says."""
 
-    def __init__(self, lock_id, owner, token, expires_at, ttl, renew_every, sent):
-        self.lock_id, self.owner, self.token = lock_id, owner, token
+    def __init__(self, expires_at, ttl, renew_every, sent):
         self.ttl, self.renew_every, self.expires_at = ttl, renew_every, expires_at
         self.renewals = 0
-        self.released = None
         self.reason = None
         # By our own clock, from when the last successful call was *sent*: the server's
         # expiry is no later than that plus the ttl.
-        self._valid_until = sent + ttl.total_seconds()
+        # (A lease attached to a keep-alive that another program keeps alive has no ttl
+        # of its own here: no local clock.)
+        self._valid_until = sent + ttl.total_seconds() if ttl is not None else math.inf
 
     @property
     def lost(self) -> bool:
@@ -198,22 +212,38 @@ class GrantBase:
         TTL (the process was paused, the renewer stuck): the lease may be someone else's."""
         return self.reason is not None or time.monotonic() >= self._valid_until
 
+    def _why(self) -> str:
+        return self.reason or "no renewal succeeded within the TTL"
+
+    def _lose(self, reason: str) -> bool:
+        """Records why it was lost; True the first time."""
+        if self.reason is None:
+            self.reason = reason
+            return True
+        return False
+
+    def _renewed(self, sent: float, expires_at, ttl=None) -> None:
+        self._valid_until = sent + (ttl or self.ttl).total_seconds()
+        self.expires_at = expires_at
+        self.renewals += 1
+
+
+class GrantBase(LeaseClock):
+    """A lease this process holds, as the renewer last saw it. Attributes: lock_id, owner,
+    token (int, exact), ttl (timedelta), expires_at (server time of the last grant or
+    renewal), renewals, released (lock_release's answer once released: True, False when
+    the lease had already ended, None if the release could not be sent), reason (why the
+    lease was lost, or None)."""
+
+    def __init__(self, lock_id, owner, token, expires_at, ttl, renew_every, sent):
+        super().__init__(expires_at, ttl, renew_every, sent)
+        self.lock_id, self.owner, self.token = lock_id, owner, token
+        self.released = None
+
     def check(self) -> None:
         """Call before each step of work: raises LeaseLost once the lease is lost."""
         if self.lost:
             raise LeaseLost(f"lease on {self.lock_id!r} (token {self.token}) lost: {self._why()}")
-
-    def _why(self) -> str:
-        return self.reason or "no renewal succeeded within the TTL"
-
-    def _lose(self, reason: str) -> None:
-        if self.reason is None:
-            self.reason = reason
-
-    def _renewed(self, sent: float, expires_at) -> None:
-        self._valid_until = sent + self.ttl.total_seconds()
-        self.expires_at = expires_at
-        self.renewals += 1
 
     def _after_release(self, lost_before: bool):
         """What leaving the `with` block without an exception raises, if anything."""

@@ -10,22 +10,42 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from ._common import (
-    ACQUIRE, CAMPAIGN, DECLARE, FENCE, FENCED_UPDATE, HOLDERS, OBSERVE, RELEASE, RENEW, SET_VALUE,
-    GrantBase, Holder, NotAcquired, Observed, StaleToken,
+    ACQUIRE, ACQUIRE_ATTACHED, CAMPAIGN, DECLARE, FENCE, FENCED_UPDATE, HOLDERS, KEEPALIVE_GRANT,
+    KEEPALIVE_NOT_LIVE, KEEPALIVE_RENEW, KEEPALIVE_REVOKE, OBSERVE, RELEASE, RENEW, SET_VALUE,
+    GrantBase, Holder, InvalidArgument, LeaseClock, LeaseLost, NotAcquired, Observed, StaleToken,
     conninfo_of, connect_kwargs, default_owner, interval, mapped_errors, renew_every_of,
 )
 
+class _DefaultTtl:
+    """lock()'s ttl when not given: 30 s, or none for a lease attached to a keep-alive."""
 
-def lock(target, lock_id: str, ttl=30, *, owner: str | None = None, wait=0, renew_every=None,
-         mode: str = "exclusive", permits: int | None = None, session_bound: bool = False) -> "Grant":
+    def __repr__(self):
+        return "30"
+
+
+_DEFAULT_TTL = _DefaultTtl()
+_REVOKED = "revoked by its holder"  # a KeepAlive's reason after its own revoke(): not a loss
+
+
+def lock(target, lock_id: str, ttl=_DEFAULT_TTL, *, owner: str | None = None, wait=0, renew_every=None,
+         mode: str = "exclusive", permits: int | None = None, session_bound: bool = False,
+         keepalive: "KeepAlive | int | None" = None) -> "Grant":
     """Takes `lock_id` and returns the Grant, renewed in the background until released;
     use it as `with lockext.lock(...) as grant:`, which releases at the end.
 
     target: a conninfo string or a psycopg connection (only its connection parameters are
     used: the library opens one autocommit connection of its own per grant).
-    ttl, wait, renew_every: seconds (int or float) or timedelta. wait=0 does not wait.
-    Raises NotAcquired when the lock is taken (and still taken after `wait`)."""
-    ttl = interval(ttl, "ttl", zero_ok=False)
+    ttl (default 30), wait, renew_every: seconds (int or float) or timedelta. wait=0 does
+    not wait. Raises NotAcquired when the lock is taken (and still taken after `wait`).
+
+    keepalive: a KeepAlive (or the id of one of the same role that something else keeps
+    alive): the lease is attached to it, has no ttl (passing one raises InvalidArgument,
+    22023) and no renewer of its own, and holds no connection; it is lost when the
+    keep-alive is. A keep-alive that is not live raises LeaseLost (55000)."""
+    if keepalive is not None:
+        return _attach(target, lock_id, ttl, owner=owner, wait=wait, renew_every=renew_every,
+                       mode=mode, permits=permits, session_bound=session_bound, keepalive=keepalive)
+    ttl = interval(30 if ttl is _DEFAULT_TTL else ttl, "ttl", zero_ok=False)
     wait = interval(wait, "wait", zero_ok=True)
     every = renew_every_of(ttl, renew_every)
     owner = owner or default_owner()
@@ -90,30 +110,121 @@ def observe(conn, lock_id: str, known: Holder | None = None, timeout=30) -> Obse
     return Observed(changed, Holder(*leader) if leader[2] is not None else None)
 
 
-class Grant(GrantBase):
-    def __init__(self, conninfo, conn, *args):
-        super().__init__(*args)
-        self._conninfo, self._conn = conninfo, conn
+def _attach(target, lock_id, ttl, *, owner, wait, renew_every, mode, permits, session_bound, keepalive):
+    """lock() for a lease attached to `keepalive`: acquired on a short connection of its
+    own, closed at once (the keep-alive renews it; release() opens another)."""
+    if isinstance(keepalive, KeepAlive):
+        keepalive.check()
+        keepalive_id = keepalive.id
+    elif isinstance(keepalive, int) and not isinstance(keepalive, bool):
+        keepalive_id = keepalive
+    else:
+        raise TypeError(f"keepalive must be a KeepAlive or its id (int), got {keepalive!r}")
+    if renew_every is not None:
+        raise TypeError("renew_every: a lease attached to a keep-alive is renewed by the keep-alive")
+    # A ttl is sent as given, for the server to refuse (22023): it has no meaning here.
+    ttl = None if ttl is _DEFAULT_TTL or ttl is None else interval(ttl, "ttl", zero_ok=False)
+    wait = interval(wait, "wait", zero_ok=True)
+    owner = owner or default_owner()
+    conninfo = conninfo_of(target)
+    with psycopg.connect(conninfo, **connect_kwargs(conninfo)) as conn:
+        sent = time.monotonic()
+        with mapped_errors(extra=KEEPALIVE_NOT_LIVE):
+            token, expires_at = conn.execute(
+                ACQUIRE_ATTACHED, (lock_id, owner, ttl, wait, mode, permits, session_bound, keepalive_id)).fetchone()
+    if token is None:
+        raise NotAcquired(f"lock {lock_id!r} is held by another owner" + (f" (waited {wait})" if wait else ""))
+    ka_ttl = keepalive.ttl if isinstance(keepalive, KeepAlive) else None
+    return Grant(conninfo, None, lock_id, owner, token, expires_at, ka_ttl, None, sent, keepalive=keepalive)
+
+
+def _report(exc: BaseException) -> None:
+    """An on_lost callback's exception: reported as a thread's uncaught exception would
+    be (threading.excepthook), not raised into whatever found the loss."""
+    threading.excepthook(threading.ExceptHookArgs((type(exc), exc, exc.__traceback__, threading.current_thread())))
+
+
+class _Renewer:
+    """The background renewal of a Grant and of a KeepAlive: a daemon thread that renews
+    every renew_every (_renew_once). The first failure ends it for us: a renewal that errs
+    or returns NULL marks it lost and stops, rather than retrying while the body goes on."""
+
+    _refused = "renewal refused: the lease expired, was released or taken over"
+    _thread = None
+
+    def _start_renewing(self, name: str) -> None:
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._renew_loop, name=f"lockext-renew:{self.lock_id}", daemon=True)
-        self._done = False
+        self._thread = threading.Thread(target=self._renew_loop, name=name, daemon=True)
         self._thread.start()
 
     def _renew_loop(self):
-        """The first failure ends the lease for us: a renewal that errs or returns NULL
-        marks the grant lost and stops, rather than retrying while the body goes on."""
         while not self._stop.wait(self.renew_every):
+            if self.reason is not None:  # found lost meanwhile (by a renew() of the caller's)
+                return
             sent = time.monotonic()
             try:
-                expires_at = self._conn.execute(
-                    RENEW, (self.lock_id, self.owner, self.ttl, self.token)).fetchone()[0]
+                expires_at = self._renew_once()
             except Exception as e:  # connection dropped, server gone, failover to a standby...
                 self._lose(f"renewal failed: {e}")
                 return
             if expires_at is None:
-                self._lose("renewal refused: the lease expired, was released or taken over")
+                self._lose(self._refused)
                 return
             self._renewed(sent, expires_at)
+
+    def _stop_renewing(self):
+        """Stops the renewer; the connection to finish on (ours), or None when there is
+        none, it broke, or a renewal is stuck in the network: that must not hold up the end
+        for longer than the lease could last anyway; a fresh connection is used then."""
+        if self._thread is None:
+            return None
+        self._stop.set()
+        self._thread.join(self.ttl.total_seconds())
+        return self._conn if not self._thread.is_alive() and not self._conn.broken else None
+
+    def _finish(self, sql, args):
+        """Runs the last statement (release, revoke) after the renewer stopped; its answer,
+        and whether it was sent (False: the connection failed)."""
+        conn = self._stop_renewing()
+        fresh = None
+        try:
+            if conn is None:
+                conn = fresh = psycopg.connect(self._conninfo, **connect_kwargs(self._conninfo))
+            return conn.execute(sql, args).fetchone()[0], True
+        except Exception:
+            return None, False
+        finally:
+            if fresh is not None:
+                fresh.close()
+            if self._conn is not None and (self._thread is None or not self._thread.is_alive()):
+                self._conn.close()
+
+
+class Grant(_Renewer, GrantBase):
+    """A lease: renewed by its own thread, or (`keepalive` set) attached to a keep-alive,
+    which renews it, with no thread or connection of its own."""
+
+    def __init__(self, conninfo, conn, *args, keepalive=None):
+        super().__init__(*args)
+        self._conninfo, self._conn = conninfo, conn
+        self.keepalive = keepalive  # the KeepAlive (or its id) that renews this lease, or None
+        self._done = False
+        if conn is not None:
+            self._start_renewing(f"lockext-renew:{self.lock_id}")
+
+    def _renew_once(self):
+        return self._conn.execute(RENEW, (self.lock_id, self.owner, self.ttl, self.token)).fetchone()[0]
+
+    @property
+    def lost(self) -> bool:
+        if isinstance(self.keepalive, KeepAlive):
+            return self.reason is not None or self.keepalive.lost
+        return super().lost
+
+    def _why(self) -> str:
+        if self.reason is None and isinstance(self.keepalive, KeepAlive) and self.keepalive.lost:
+            return f"its keep-alive {self.keepalive.id} was lost: {self.keepalive._why()}"
+        return super()._why()
 
     def release(self) -> bool | None:
         """Stops renewing and releases the lease (only this grant: by owner and token).
@@ -121,24 +232,8 @@ class Grant(GrantBase):
         if self._done:
             return self.released
         self._done = True
-        self._stop.set()
-        # A renewal stuck in the network must not hold up the release for longer than
-        # the lease could last anyway; then the release goes on a fresh connection.
-        self._thread.join(self.ttl.total_seconds())
-        conn = self._conn if not self._thread.is_alive() and not self._conn.broken else None
-        fresh = None
-        try:
-            if conn is None:
-                conn = fresh = psycopg.connect(self._conninfo, **connect_kwargs(self._conninfo))
-            self.released = conn.execute(RELEASE, (self.lock_id, self.owner, self.token)).fetchone()[0]
-        except Exception:
-            self.released = None  # the lease ends by itself at its expiry
-        finally:
-            if fresh is not None:
-                fresh.close()
-            if not self._thread.is_alive():
-                self._conn.close()
-        return self.released
+        self.released, _ = self._finish(RELEASE, (self.lock_id, self.owner, self.token))
+        return self.released  # None: not sent, the lease ends by itself at its expiry
 
     def __enter__(self):
         return self
@@ -155,8 +250,12 @@ class Grant(GrantBase):
         """Sets this grant's value (lockext.lock_set_value) and returns its version. Raises
         StaleToken, and nothing changes, once the grant is no longer live."""
         self.check()
+        args = (self.lock_id, self.owner, self.token, Jsonb(value))
         with mapped_errors():
-            return self._conn.execute(SET_VALUE, (self.lock_id, self.owner, self.token, Jsonb(value))).fetchone()[0]
+            if self._conn is None:  # attached to a keep-alive: no connection of its own
+                with psycopg.connect(self._conninfo, **connect_kwargs(self._conninfo)) as conn:
+                    return conn.execute(SET_VALUE, args).fetchone()[0]
+            return self._conn.execute(SET_VALUE, args).fetchone()[0]
 
     # -- fenced writes (on the caller's connection) --------------------------------------
 
@@ -210,3 +309,135 @@ def declare_token(conn, token: int) -> None:
     that leave the token column as it is and the DELETEs of the transaction open on conn."""
     with mapped_errors():
         conn.execute(DECLARE, (token,), prepare=False)
+
+
+# -- keep-alives -------------------------------------------------------------------------
+
+def keepalive(target, ttl=30, *, renew_every=None, background: bool = True, on_lost=None) -> "KeepAlive":
+    """Grants a keep-alive (lockext.lock_keepalive_grant) and returns it, renewed in the
+    background (a daemon thread, every third of the ttl) until revoked; use it as
+    `with lockext.keepalive(...) as ka:`, which revokes it at the end, releasing every lease
+    attached to it. Attach leases with ka.lock(lock_id, ...) (or lock(..., keepalive=ka)):
+    one renewal extends them all.
+
+    target: a conninfo string or a psycopg connection (only its parameters are used: the
+    keep-alive has one autocommit connection of its own). ttl, renew_every: seconds or
+    timedelta. background=False: no thread; call ka.renew() yourself within each ttl.
+    on_lost(ka): called once, from the thread that finds the keep-alive lost (the
+    renewer's: a renewal failed or returned NULL), not for a revoke of yours."""
+    ttl = interval(ttl, "ttl", zero_ok=False)
+    every = renew_every_of(ttl, renew_every)
+    if on_lost is not None and not callable(on_lost):
+        raise TypeError(f"on_lost must be callable, got {on_lost!r}")
+    conninfo = conninfo_of(target)
+    conn = psycopg.connect(conninfo, **connect_kwargs(conninfo))
+    try:
+        sent = time.monotonic()
+        with mapped_errors():
+            keepalive_id, expires_at = conn.execute(KEEPALIVE_GRANT, (ttl,)).fetchone()
+    except BaseException:
+        conn.close()
+        raise
+    return KeepAlive(conninfo, conn, keepalive_id, expires_at, ttl, every, sent, background, on_lost)
+
+
+class KeepAlive(_Renewer, LeaseClock):
+    """A keep-alive this process holds: one renewal for every lease attached to it.
+    Attributes: id (int, what lock_acquire's keepalive takes), ttl, expires_at (server time
+    of the grant or last renewal: every attached lease's expiry), renewals, reason (why it
+    was lost, or None), revoked (lock_keepalive_revoke's answer once revoked: the number of
+    leases it ended; None if it could not be sent or found no such keep-alive)."""
+
+    _refused = "renewal refused: the keep-alive expired, was revoked or ended by a grant over its leases"
+
+    def __init__(self, conninfo, conn, keepalive_id, expires_at, ttl, renew_every, sent, background, on_lost):
+        super().__init__(expires_at, ttl, renew_every, sent)
+        self._conninfo, self._conn = conninfo, conn
+        self.id = keepalive_id
+        self.revoked = None
+        self._on_lost = on_lost
+        self._done = False
+        if background:
+            self._start_renewing(f"lockext-keepalive:{self.id}")
+
+    def _renew_once(self, ttl=None):
+        return self._conn.execute(KEEPALIVE_RENEW, (self.id, ttl)).fetchone()[0]
+
+    def _lose(self, reason: str) -> bool:
+        first = super()._lose(reason)
+        if first and self._on_lost is not None:
+            try:
+                self._on_lost(self)
+            except Exception as e:
+                _report(e)
+        return first
+
+    def check(self) -> None:
+        """Raises LeaseLost once the keep-alive is lost (or revoked): its leases may be
+        someone else's."""
+        if self.lost:
+            raise LeaseLost(f"keep-alive {self.id} lost: {self._why()}")
+
+    def renew(self, ttl=None):
+        """Renews it now (lockext.lock_keepalive_renew), for `ttl` this once (default: its
+        own), extending every attached lease; returns the new expiry. Raises LeaseLost, and
+        marks it lost (on_lost), when the server refuses: it expired, or was revoked or
+        ended."""
+        if self._done:
+            raise LeaseLost(f"keep-alive {self.id} was revoked")
+        if self.reason is not None:
+            self.check()  # once lost, for good: its grants were told so (on_lost)
+        ttl = None if ttl is None else interval(ttl, "ttl", zero_ok=False)
+        sent = time.monotonic()
+        try:
+            with mapped_errors():
+                expires_at = self._renew_once(ttl)
+        except InvalidArgument:
+            raise  # a bad ttl: refused, nothing renewed, nothing lost
+        except Exception as e:  # as for the renewer: the first failure ends it for us
+            self._lose(f"renewal failed: {e}")
+            raise
+        if expires_at is None:
+            self._lose(self._refused)
+            self.check()
+        self._renewed(sent, expires_at, ttl)
+        return expires_at
+
+    def lock(self, lock_id: str, *, owner: str | None = None, wait=0, mode: str = "exclusive",
+             permits: int | None = None) -> Grant:
+        """lockext.lock() attached to this keep-alive: a Grant with no ttl, renewer or
+        connection of its own (acquired on a short connection); lost when the keep-alive
+        is; `with ka.lock(...) as grant:` releases it at the end. LeaseLost (55000) if the
+        keep-alive is not live."""
+        return lock(self._conninfo, lock_id, owner=owner, wait=wait, mode=mode, permits=permits, keepalive=self)
+
+    def revoke(self) -> int | None:
+        """Stops renewing and revokes it (lockext.lock_keepalive_revoke): every lease attached
+        to it is released at once. Returns the number of leases ended, also kept in
+        `revoked`; None if it could not be sent (the keep-alive then expires by itself) or
+        the server knows no such keep-alive of this role (it is marked lost). Safe to call
+        twice."""
+        if self._done:
+            return self.revoked
+        self._done = True
+        self.revoked, sent = self._finish(KEEPALIVE_REVOKE, (self.id,))
+        if sent and self.revoked is None:
+            self._lose("lock_keepalive_revoke found no such keep-alive (revoked by another, or ended and deleted)")
+        if self.reason is None:
+            self.reason = _REVOKED  # not a loss: on_lost is not called
+        return self.revoked
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        lost_before = self.lost and self.reason != _REVOKED  # a revoke() in the block is no loss
+        self.revoke()
+        if (lost_before or self.reason != _REVOKED) and exc_type is None:
+            # the body finished, but its leases may have been someone else's for a while
+            raise LeaseLost(f"keep-alive {self.id} was lost before the end: {self._why()}")
+        return False
+
+    def __repr__(self):
+        state = "revoked" if self._done else "lost" if self.lost else "live"
+        return f"<KeepAlive {self.id} ttl={self.ttl} {state}>"
