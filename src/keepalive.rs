@@ -246,12 +246,13 @@ fn lease_expiry(
     let Some(keepalive) = keepalive else {
         return expires_at;
     };
-    let found = Spi::connect_mut(|client| {
-        Ok::<_, LockError>(first_value::<TimestampWithTimeZone>(
-            EXPIRY.run(client, &[keepalive.into()])?,
-        )?)
-    })
-    .or_report();
+    // Under the calling statement's own snapshot: the lease row and its keep-alive are then
+    // read as of one moment (a look reads under the newest snapshot, and so must this).
+    let found = Spi::connect_mut(|_| {
+        EXPIRY
+            .read_in_statement(&[keepalive.into()])
+            .and_then(|row| row.get::<TimestampWithTimeZone>("expires_at"))
+    });
     Some(found.unwrap_or(TimestampWithTimeZone::negative_infinity()))
 }
 

@@ -1,8 +1,10 @@
 -- Before an exclusive grant: every dead shared lease and permit of the lock id.
 -- Dead leases are deleted before a grant that needs them dead, skipping any row that
 -- someone holds locked: a renewal that got there first (it locks the row it extends). The
--- answer is whether every dead row the statement's snapshot shows is gone; if not, the
--- grant is refused as if the lease were live. So a renewal and a conflicting grant can
+-- answer is whether every such row the statement's snapshot shows is gone, dead or not;
+-- if not, the grant is refused as if the lease were live. Every row, not only the dead
+-- ones: the look found them all dead, and one that is live now was renewed by a renewal
+-- that committed since (a lease's own, or its keep-alive's), which must win. So a renewal and a conflicting grant can
 -- never both succeed: whichever locks the row first wins, and a renewal that comes second
 -- finds its row deleted. (Reading the dead rows without deleting them, as 0.2.0 did, let
 -- a renewal paused after reading the clock revive a lease that a conflicting grant had
@@ -25,4 +27,4 @@ WITH dead AS (SELECT lock_id, owner
 SELECT (SELECT count(*) FROM gone) =
        (SELECT count(*)
           FROM lockext.shared_leases
-         WHERE lock_id = $1 AND lockext.lease_expiry(expires_at, keepalive) + lock_delay <= $5)
+         WHERE lock_id = $1)
