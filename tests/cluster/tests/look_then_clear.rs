@@ -82,7 +82,10 @@ fn look_then_clear(v: &Variant) {
         if run_once(&cluster, attempt, ttl_ms, v) {
             return;
         }
-        println!("{}: H's renewal came after its lease expired; again", v.name);
+        println!(
+            "{}: H's renewal came after its lease expired; again",
+            v.name
+        );
     }
     panic!("{}: H never renewed before its lease expired", v.name);
 }
