@@ -87,38 +87,81 @@ pub(crate) const ACQUIRE_PARAMS: &[pg_sys::PgBuiltInOids] = &[
     INT8OID,
 ];
 
+/// A deletion of the dead leases of another kind (or slot) that a grant needs out of its
+/// way (`clear`), and the check that none of them is left (`left`, read under the newest
+/// snapshot once `clear` ran).
+pub struct ClearDead {
+    clear: Statement,
+    left: Statement,
+}
+
 /// Before an exclusive grant: every dead shared lease and permit of the lock id.
-pub static CLEAR_DEAD_SHARED: Statement = Statement {
-    sql: include_str!("../sql/run/grant/clear_dead_shared.sql"),
-    params: ACQUIRE_PARAMS,
+pub static CLEAR_DEAD_SHARED: ClearDead = ClearDead {
+    clear: Statement {
+        sql: include_str!("../sql/run/grant/clear_dead_shared.sql"),
+        params: ACQUIRE_PARAMS,
+    },
+    left: Statement {
+        sql: include_str!("../sql/run/grant/left_shared.sql"),
+        params: ACQUIRE_PARAMS,
+    },
 };
 
 /// Before a shared lease or a permit: the dead exclusive lease of the lock id.
-pub static CLEAR_DEAD_EXCLUSIVE: Statement = Statement {
-    sql: include_str!("../sql/run/grant/clear_dead_exclusive.sql"),
-    params: ACQUIRE_PARAMS,
+pub static CLEAR_DEAD_EXCLUSIVE: ClearDead = ClearDead {
+    clear: Statement {
+        sql: include_str!("../sql/run/grant/clear_dead_exclusive.sql"),
+        params: ACQUIRE_PARAMS,
+    },
+    left: Statement {
+        sql: include_str!("../sql/run/grant/left_exclusive.sql"),
+        params: ACQUIRE_PARAMS,
+    },
 };
 
 /// Before a permit in slot $10: the dead permits of others in that slot.
-pub static CLEAR_DEAD_SLOT: Statement = Statement {
-    sql: include_str!("../sql/run/grant/clear_dead_slot.sql"),
-    params: ACQUIRE_PARAMS,
+pub static CLEAR_DEAD_SLOT: ClearDead = ClearDead {
+    clear: Statement {
+        sql: include_str!("../sql/run/grant/clear_dead_slot.sql"),
+        params: ACQUIRE_PARAMS,
+    },
+    left: Statement {
+        sql: include_str!("../sql/run/grant/left_slot.sql"),
+        params: ACQUIRE_PARAMS,
+    },
 };
 
-/// Runs a `CLEAR_DEAD_*` statement: whether every dead lease it looked for is gone. When
-/// not, nothing it did is kept (`xact::kept_if_found`): it may hold a renewed lease locked.
-// Never inlined: the gdb tests (tests/cluster/tests/held_row.rs) recognise a backend
-// stopped in this step by this frame, whatever the compiler makes of its callers; it runs
-// only when dead leases of another kind are in the way, so the call costs nothing.
+/// Deletes the dead leases that the look saw in the grant's way (`ClearDead`): whether
+/// they are all gone. When not, nothing it did is kept (`xact::kept_if_found`): it may
+/// hold a renewed lease locked.
+///
+/// The deletion's own answer (every lease its statement sees dead is gone) is not enough:
+/// a lease renewed after the look and before that statement's snapshot (by its renewal,
+/// or its keep-alive's, whose row is not the lease's) is live there, so neither deleted
+/// nor counted; and a REPEATABLE READ caller's statement does not see a lease newer than
+/// its snapshot at all. So the newest snapshot must show none of them left: every lease
+/// the look saw in the way was dead, and this grant deleted it (a renewal that comes
+/// later finds its row deleted, or its keep-alive ended).
+// Never inlined: the gdb tests (tests/cluster/tests/held_row.rs, look_then_clear.rs)
+// recognise a backend stopped in this step by this frame, whatever the compiler makes of
+// its callers; it runs only when dead leases of another kind are in the way, so the call
+// costs nothing.
 #[inline(never)]
 pub fn clear_dead(
     client: &mut SpiClient<'_>,
-    statement: &'static Statement,
+    statement: &'static ClearDead,
     params: &Params<'_>,
 ) -> Result<bool, LockError> {
     let cleared = xact::kept_if_found(|| {
-        let all_gone = first_value::<bool>(statement.run(client, &params.datums())?)? == Some(true);
-        Ok(all_gone.then_some(()))
+        let datums = params.datums();
+        let all_gone = first_value::<bool>(statement.clear.run(client, &datums)?)? == Some(true);
+        let none_left = all_gone
+            && statement
+                .left
+                .read_latest(&datums)
+                .and_then(|row| row.get::<bool>("left_over"))
+                == Some(false);
+        Ok(none_left.then_some(()))
     })?;
     Ok(cleared.is_some())
 }

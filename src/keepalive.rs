@@ -63,6 +63,7 @@ static ATTACH: Statement = Statement {
     params: &[INT8OID, OIDOID, TIMESTAMPTZOID],
 };
 
+// Read under the newest snapshot (`Statement::read_latest`).
 static EXPIRY: Statement = Statement {
     sql: include_str!("../sql/run/keepalive/expiry.sql"),
     params: &[INT8OID],
@@ -238,6 +239,12 @@ pub fn attach(
 /// the keep-alive's (-infinity if the keep-alive is gone, which lockext never lets happen
 /// while a lease is attached). Every statement that decides whether a lease is live or
 /// free reads this; a lease without a keep-alive costs only the call.
+///
+/// Read under the newest snapshot, as the looks and the fence checks read the leases: a
+/// REPEATABLE READ caller's snapshot may be older than the keep-alive, or than its last
+/// renewal, and would show a live lease dead (a conflicting grant then went ahead beside
+/// it: tests/isolation/specs/keepalive_snapshot.spec). A keep-alive's expiry only grows
+/// but by its revocation, which ends it for good.
 #[pg_extern(stable, parallel_restricted)]
 fn lease_expiry(
     expires_at: Option<TimestampWithTimeZone>,
@@ -246,11 +253,9 @@ fn lease_expiry(
     let Some(keepalive) = keepalive else {
         return expires_at;
     };
-    // Under the calling statement's own snapshot: the lease row and its keep-alive are then
-    // read as of one moment (a look reads under the newest snapshot, and so must this).
     let found = Spi::connect_mut(|_| {
         EXPIRY
-            .read_in_statement(&[keepalive.into()])
+            .read_latest(&[keepalive.into()])
             .and_then(|row| row.get::<TimestampWithTimeZone>("expires_at"))
     });
     Some(found.unwrap_or(TimestampWithTimeZone::negative_infinity()))

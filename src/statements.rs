@@ -107,18 +107,6 @@ impl Statement {
         self.read_latest_rows(args, 0)
     }
 
-    /// Runs a read-only statement under the snapshot of the statement that is running now
-    /// (the active one), and returns its first row: for a function that statements call
-    /// to read what they would read themselves (`keepalive::lease_expiry`). A read-write
-    /// run (`run`) would take the transaction's snapshot instead, in REPEATABLE READ older
-    /// than the statement's (a look reads under the newest), and see other rows than its
-    /// caller sees.
-    pub fn read_in_statement(&'static self, args: &[DatumWithOid<'_>]) -> Option<LatestRow> {
-        self.read_rows(args, 1, std::ptr::null_mut())
-            .into_iter()
-            .next()
-    }
-
     fn read_latest_rows(&'static self, args: &[DatumWithOid<'_>], limit: i64) -> Vec<LatestRow> {
         self.read_rows(args, limit, unsafe { pg_sys::GetLatestSnapshot() })
     }

@@ -1,0 +1,12 @@
+-- After clear_dead_exclusive.sql, under the newest snapshot (which shows this
+-- transaction's deletions): whether an exclusive lease of the lock id is still there. The
+-- look found it dead, so clear_dead_exclusive.sql should have deleted it; still there, it
+-- was renewed since the look (by its own renewal or its keep-alive's, committed before that
+-- statement's snapshot, which then showed it live: neither deleted nor counted as dead), or
+-- it is not in a REPEATABLE READ caller's snapshot, which cannot delete it. Either way the
+-- grant is refused.
+-- $1 lock_id, $2 owner, $3 role (the calling role), $4 ttl, $5 now (the call's clock),
+-- $6 token (the new grant's), $7 lock_delay, $8 session_start (NULL: not session-bound),
+-- $9 permits, $10 slot, $11 keepalive (NULL: none) (grant::Params, ACQUIRE_PARAMS: every
+-- acquire statement takes all eleven)
+SELECT EXISTS (SELECT FROM lockext.locks WHERE lock_id = $1) AS left_over
