@@ -250,7 +250,7 @@ time_ratio=$(awk -v a="${TOT_R[1]}" -v b="${TOT_K[1]}" -v r="$ROUNDS" -v k="$nk"
 declare -A STMTS SYNCS
 cycles="attached unattached"
 for ((r = 1; r <= ROUNDS; r++)); do
-    points=("${SIZES[@]}" "${SIZES[@]/#/async:}" $cycles)
+    points=("${SIZES[@]}" $cycles)
     if [ $((r % 2)) = 0 ]; then  # reversed every other round
         rev=()
         for ((i = ${#points[@]} - 1; i >= 0; i--)); do rev+=("${points[$i]}"); done
@@ -261,9 +261,6 @@ for ((r = 1; r <= ROUNDS; r++)); do
         case $p in
             attached) pgb "r2_${p}_$r" -r -T "$SECS" -D ka="$KA_CYCLE" -f bench/pgbench/keepalive_cycle_attached.sql ;;
             unattached) pgb "r2_${p}_$r" -r -T "$SECS" -f bench/pgbench/keepalive_cycle_unattached.sql ;;
-            # Committed as lock_renew's transactions commit (lockext relaxes those, src/commit.rs).
-            async:*) PGOPTIONS="-c synchronous_commit=off" \
-                         pgb "r2_${p}_$r" -r -T "$SECS" -D ka="${KA[${p#async:}]}" -f bench/pgbench/keepalive_renew.sql ;;
             *) pgb "r2_${p}_$r" -r -T "$SECS" -D ka="${KA[$p]}" -f bench/pgbench/keepalive_renew.sql ;;
         esac
         after=$(counters)
@@ -293,27 +290,22 @@ acq_ms() {  # the acquire's own average (pgbench -r), over every transaction of 
 }
 declare -A AVG
 T2=$(
-    echo "| call | commit | attached leases | transactions | average (ms) | p50 (ms) | p99 (ms) | statements per transaction | WAL fsyncs per transaction |"
-    echo "|---|---|---:|---:|---:|---:|---:|---:|---:|"
-    for p in "${SIZES[@]}" "${SIZES[@]/#/async:}"; do
+    echo "| call | attached leases | transactions | average (ms) | p50 (ms) | p99 (ms) | statements per transaction | WAL fsyncs per transaction |"
+    echo "|---|---:|---:|---:|---:|---:|---:|---:|"
+    for p in "${SIZES[@]}"; do
         read -r cnt avg p50 p99 < <(latencies $(tags "$p"))
-        commit=durable
-        [[ $p == async:* ]] && commit="asynchronous (\`synchronous_commit = off\`)"
-        echo "| \`lock_keepalive_renew\` | $commit | $(fmt "${p#async:}" 0) | $(fmt "$cnt" 0) | $avg | $p50 | $p99 | $(fmt "${STMTS[$p]}" 1) | $(fmt "${SYNCS[$p]}" 2) |"
+        echo "| \`lock_keepalive_renew\` | $(fmt "$p" 0) | $(fmt "$cnt" 0) | $avg | $p50 | $p99 | $(fmt "${STMTS[$p]}" 1) | $(fmt "${SYNCS[$p]}" 2) |"
     done
     for c in $cycles; do
         read -r cnt avg p50 p99 < <(latencies $(tags "$c"))
         if [ "$c" = attached ]; then what="\`lock_acquire(keepalive =>)\` + \`lock_release\`"; else what="\`lock_acquire(ttl)\` + \`lock_release\`"; fi
-        echo "| $what (the acquire alone: $(acq_ms "$c") ms) | durable grant | $([ "$c" = attached ] && echo "1" || echo "—") | $(fmt "$cnt" 0) | $avg | $p50 | $p99 | $(fmt "${STMTS[$c]}" 1) | $(fmt "${SYNCS[$c]}" 2) |"
+        echo "| $what (the acquire alone: $(acq_ms "$c") ms) | $([ "$c" = attached ] && echo "1" || echo "—") | $(fmt "$cnt" 0) | $avg | $p50 | $p99 | $(fmt "${STMTS[$c]}" 1) | $(fmt "${SYNCS[$c]}" 2) |"
     done
 )
 read -r _ avg_lo _ p99_lo < <(latencies $(tags "${SIZES[0]}"))
 read -r _ avg_hi _ p99_hi < <(latencies $(tags "${SIZES[-1]}"))
 flat=$(awk -v a="$avg_lo" -v b="$avg_hi" 'BEGIN { printf "%.2f", b / a }')
 flat99=$(awk -v a="$p99_lo" -v b="$p99_hi" 'BEGIN { printf "%.2f", b / a }')
-read -r _ avg_lo _ _ < <(latencies $(tags "async:${SIZES[0]}"))
-read -r _ avg_hi _ _ < <(latencies $(tags "async:${SIZES[-1]}"))
-flat_async=$(awk -v a="$avg_lo" -v b="$avg_hi" 'BEGIN { printf "%.2f", b / a }')
 met() { awk -v x="$1" -v op="$2" -v g="$3" 'BEGIN { ok = (op == ">=") ? x >= g : x <= g; print ok ? "met" : "**missed**" }'; }
 
 # ---- report -------------------------------------------------------------------------------
@@ -340,7 +332,6 @@ $(fmt "$total" 0) in $fill_s s).$smoke_note
 | statements' execution time, same ratio | $(fmt "$time_ratio" 0)× | ≥ 50× | $(met "$time_ratio" ">=" 50) |
 | keep-alive renewal, average at $(fmt "${SIZES[-1]}" 0) / at $(fmt "${SIZES[0]}" 0) attached leases | $flat× | ≤ 1.5× (flat) | $(met "$flat" "<=" 1.5) |
 | ... p99, same | $flat99× | ≤ 1.5× (flat) | $(met "$flat99" "<=" 1.5) |
-| ... average, committed asynchronously | $flat_async× | ≤ 1.5× (flat) | $(met "$flat_async" "<=" 1.5) |
 
 ## Renewing $(fmt "$LEASES" 0) leases
 
@@ -351,8 +342,8 @@ the keep-alive side is one statement. pg_stat_statements counts every statement,
 own included (track = all); the execution time is of top-level statements only. Rows
 updated and WAL come from pg_stat_user_tables and pg_stat_wal, the whole cluster's, with
 autovacuum off meanwhile (the vacuum that the lock_renew side's dead rows call for is not
-counted). lockext commits a transaction that only renews asynchronously (src/commit.rs):
-the lock_renew side's fsyncs are the WAL writer's; the keep-alive renewal commits durably.
+counted). lockext commits a transaction that only renews without waiting for its flush
+(src/commit.rs), whatever synchronous_commit says: the fsyncs are the WAL writer's.
 
 ## Latency against the number of attached leases
 
@@ -360,7 +351,8 @@ $T2
 
 Latency is of one whole pgbench transaction (one autocommit call, with its commit), from
 pgbench --log over all rounds. The cycles take a random free lock and release it; "the
-acquire alone" is pgbench -r's average for the lock_acquire statement.
+acquire alone" is pgbench -r's average for the lock_acquire statement. A grant commits
+durably (one fsync each: the last column); a renewal does not wait for its flush.
 EOF
 )
 echo "$REPORT"
