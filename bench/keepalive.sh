@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Keep-alives against one lock_renew per lease, side by side on one scratch cluster, in one run.
 #   bash bench/keepalive.sh           ~2 min: prints the report, writes bench/results/keepalive-<date>.md
-#   bash bench/keepalive.sh --smoke   ~15 s: every step at small sizes (make bench-smoke); the report is
+#   bash bench/keepalive.sh --smoke   ~15 s: every step at small sizes (not in make bench-smoke); the report is
 #                                     printed only; numbers meaningless
 # (1) A round renews 10 000 leases: one autocommit lock_renew each, one client, pgbench -M prepared
 #     (pgbench/keepalive_lock_renew.sql), against one lock_keepalive_renew of a keep-alive with the
