@@ -596,8 +596,7 @@ CREATE TABLE lockext.keepalives (
     application_name text,
     client_addr      inet
 );
-ALTER TABLE lockext.keepalives SET (vacuum_truncate = false);
-CREATE INDEX keepalives_expires_at_idx ON lockext.keepalives (expires_at) WHERE NOT ended;
+ALTER TABLE lockext.keepalives SET (vacuum_truncate = false, fillfactor = 50);
 SELECT pg_catalog.pg_extension_config_dump('lockext.keepalives', '');
 REVOKE ALL ON lockext.keepalives FROM PUBLIC;
 GRANT SELECT ON lockext.keepalives TO PUBLIC;

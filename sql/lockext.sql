@@ -52,9 +52,10 @@ CREATE TABLE lockext.keepalives (
     application_name text,
     client_addr      inet
 );
-ALTER TABLE lockext.keepalives SET (vacuum_truncate = false);
--- The reaper's access path: keep-alives by expiry (those not yet ended).
-CREATE INDEX keepalives_expires_at_idx ON lockext.keepalives (expires_at) WHERE NOT ended;
+-- Room on each page for a renewal's new version of its row (a HOT update).
+ALTER TABLE lockext.keepalives SET (vacuum_truncate = false, fillfactor = 50);
+-- No index on expires_at: a renewal then updates the row in place (HOT), writing no index
+-- entry, and the table has a row per worker, not per lease; the reaper reads it whole.
 
 -- One row per lease. A row whose expires_at has passed is a dead lease: acquire takes it
 -- over in place, and the reaper deletes it. A lease attached to a keep-alive has

@@ -1,8 +1,8 @@
 -- One batch of the reaper, first step for keep-alives: ends those that have expired, at
 -- most $1 of them (never renewed again: src/keepalive.rs), so that the next steps may
--- delete their leases. Through the index on the expiry of those not yet ended. SKIP
--- LOCKED, and FOR NO KEY UPDATE re-checks the newest version: a keep-alive being renewed
--- right now is left alone.
+-- delete their leases. It reads the table whole (a row per worker: no index on expiry,
+-- so that renewals update in place). SKIP LOCKED, and FOR NO KEY UPDATE re-checks the
+-- newest version: a keep-alive being renewed right now is left alone.
 -- $1 limit (keep-alives at most), $2 now (the batch's clock)
 UPDATE lockext.keepalives AS k
    SET ended = true
