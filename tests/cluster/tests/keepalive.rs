@@ -19,13 +19,17 @@
 //!   keep-alive and locks of its own: one's renewals never move the other's expiry,
 //!   lockext.holders shows each lease with its own keep-alive's expiry, and the one that
 //!   stops renewing loses its locks while the other keeps its.
-//! - `renewal_and_takeover_race`: the two orders of a renewal and a conflicting grant,
-//!   forced: a renewal held open in a transaction across the keep-alive's previous expiry
-//!   makes a conflicting grant refused, and the lock stays the holder's once it commits; a
-//!   take-over held open makes the renewal answer NULL at once, and NULL after the commit
-//!   (the take-over ended the keep-alive); and a renewal stopped by gdb after it read the
-//!   clock (before the expiry) and resumed after a take-over committed answers NULL and
-//!   revives none of the holder's other leases.
+//! - Both orders of a renewal and a conflicting grant, forced (no sleep decides them), in a
+//!   database no reaper serves:
+//!   `renewal_held_open_across_the_expiry_refuses_a_conflicting_grant`: a renewal held
+//!   open in a transaction across the keep-alive's previous expiry makes a conflicting
+//!   grant refused at once, and the lock stays the holder's once it commits;
+//!   `takeover_held_open_refuses_the_renewal_and_ends_the_keepalive`: a take-over held open
+//!   makes the renewal answer NULL at once, and NULL after the commit (the take-over ended
+//!   the keep-alive), and the holder's other leases stay dead;
+//!   `renewal_paused_before_the_expiry_and_resumed_after_a_takeover_renews_nothing`: a
+//!   renewal stopped by gdb after it read the clock (before the expiry), resumed after a
+//!   take-over committed, answers NULL and revives none of the holder's other leases.
 //!
 //! Run with `--test-threads=1 --nocapture` to see the measured numbers.
 
@@ -226,6 +230,27 @@ fn collect_events(
         }
     }
     events
+}
+
+/// Asserts that `got` (lock id to token, from events) is `want`, naming a few of the
+/// differences rather than printing thousands of entries.
+fn assert_same_tokens(what: &str, got: &HashMap<String, i64>, want: &HashMap<String, i64>) {
+    let missing: Vec<&String> = want.keys().filter(|l| !got.contains_key(*l)).collect();
+    let wrong: Vec<(&String, i64, Option<&i64>)> = got
+        .iter()
+        .filter(|(l, t)| want.get(*l) != Some(*t))
+        .map(|(l, t)| (l, *t, want.get(l)))
+        .collect();
+    assert!(
+        missing.is_empty() && wrong.is_empty(),
+        "{what}: {} of {} leases without one (e.g. {:?}); {} with another token or lock \
+         (e.g. {:?})",
+        missing.len(),
+        want.len(),
+        &missing[..missing.len().min(5)],
+        wrong.len(),
+        &wrong[..wrong.len().min(5)]
+    );
 }
 
 /// A psql client process as role `app`, fed `script` on its stdin, which is kept open so
@@ -474,7 +499,7 @@ fn reaper_expires_every_attached_lease_then_deletes_the_keepalive() {
     // The worker shortens its keep-alive to 300 ms and stops renewing.
     let short = renew(&mut worker, k, Some("300 milliseconds")).expect("renewal");
     let t0 = Instant::now();
-    let events = collect_events(&mut listener, Duration::from_secs(60), |e| e.len() >= N);
+    let events = collect_events(&mut listener, Duration::from_secs(30), |e| e.len() >= N);
     println!(
         "{} events within {:?} of the keep-alive's last renewal",
         events.len(),
@@ -488,10 +513,7 @@ fn reaper_expires_every_attached_lease_then_deletes_the_keepalive() {
             "two events for {lock}"
         );
     }
-    assert_eq!(
-        seen, tokens,
-        "one 'expired' event per attached lease, with its token"
-    );
+    assert_same_tokens("one 'expired' event per attached lease", &seen, &tokens);
 
     // The leases are deleted, then the keep-alive's row, never the other way round.
     let gone = eventually(
@@ -633,10 +655,7 @@ fn revoke_releases_every_attached_lease_with_events_and_wakes_waiters() {
         N,
         "one 'released' event per lease"
     );
-    assert_eq!(
-        released, tokens,
-        "each 'released' event has its lease's token"
-    );
+    assert_same_tokens("one 'released' event per lease", &released, &tokens);
     assert!(
         others.iter().all(|(_, l, _)| waited.contains(&l.as_str())),
         "events other than the releases, for other locks than the waiters': {others:?}"
@@ -730,18 +749,26 @@ fn two_workers_keepalives_are_independent() {
 /// renewal reaches it after it read the server clock, before its UPDATE.
 const BREAK_AT: &str = "SPI_execute_plan";
 
-#[test]
-fn renewal_and_takeover_race() {
-    let cluster = race_cluster("ka-race", &["lockext"]);
+/// A cluster whose database `race` no reaper serves, the roles, and R (the holder's role)
+/// and G (another role's grabber) connected to it, neither of which may wait on a row
+/// lock for long: a wait fails with 55P03 instead.
+fn race_sessions(name: &str) -> (Cluster, Client, Client, Client) {
+    let cluster = race_cluster(name, &["lockext"]);
     let mut admin = cluster.connect_to(DB);
     admin.batch_execute(ROLES).expect("roles");
     let mut r = connect_as(&cluster, "app", DB);
     let mut g = connect_as(&cluster, "other", DB);
-    // Neither may wait on the other's row locks: a wait fails with 55P03 instead.
     r.batch_execute("SET lock_timeout = '2s'").unwrap();
     g.batch_execute("SET lock_timeout = '2s'").unwrap();
+    (cluster, admin, r, g)
+}
 
-    // (a) The renewal holds the keep-alive's row across its previous expiry.
+/// A renewal held open in a transaction across the keep-alive's previous expiry holds the
+/// keep-alive's row: a conflicting grant is refused at once, and once the renewal commits
+/// the lock is still the holder's.
+#[test]
+fn renewal_held_open_across_the_expiry_refuses_a_conflicting_grant() {
+    let (_cluster, mut admin, mut r, mut g) = race_sessions("ka-race-a");
     let (k, _) = grant(&mut r, "1 second");
     let tokens = acquire_chunks(&mut r, &ids("ra", 3), "worker", None, Some(k));
     let previous = expiry(&mut admin, k);
@@ -774,11 +801,15 @@ fn renewal_and_takeover_race() {
         );
     }
     assert_eq!(acquire(&mut g, "ra-1", "grabber", "1 minute"), None);
-    println!(
-        "(a) renewal held open past the previous expiry: grant refused in {took:?}, lease kept"
-    );
+    println!("renewal held open past the previous expiry: grant refused in {took:?}, lease kept");
+}
 
-    // (b) A take-over of an expired keep-alive's lock holds the keep-alive's row.
+/// A take-over of an expired keep-alive's lock, held open in a transaction, holds the
+/// keep-alive's row: the holder's renewal answers NULL at once, and NULL after the
+/// take-over commits (it ended the keep-alive); the holder's other leases stay dead.
+#[test]
+fn takeover_held_open_refuses_the_renewal_and_ends_the_keepalive() {
+    let (_cluster, mut admin, mut r, mut g) = race_sessions("ka-race-b");
     let (k2, _) = grant(&mut r, "1 second");
     let tokens = acquire_chunks(&mut r, &ids("rb", 4), "worker", None, Some(k2));
     let k2_expiry = expiry(&mut admin, k2);
@@ -818,14 +849,20 @@ fn renewal_and_takeover_race() {
     );
     let t2 = acquire(&mut g, "rb-2", "grabber", "1 minute").expect("rb-2 is free");
     assert!(t2 > tokens["rb-2"]);
-    println!("(b) take-over held open: renewal refused in {took:?}, and after the commit");
+    println!("take-over held open: renewal refused in {took:?}, and after the commit");
+}
 
-    // (c) The renewal stopped by gdb after it read the clock, before the expiry; the
-    //     expiry passes, a take-over commits, and then the renewal goes on.
+/// A renewal stopped by gdb after it read the server clock, before the keep-alive's
+/// expiry; the expiry passes and a take-over of one attached lock commits; then the
+/// renewal goes on: it answers NULL (the take-over ended the keep-alive), and none of the
+/// holder's other leases is revived.
+#[test]
+fn renewal_paused_before_the_expiry_and_resumed_after_a_takeover_renews_nothing() {
+    let (cluster, mut admin, mut r, mut g) = race_sessions("ka-race-c");
     let mut setup = connect_as(&cluster, "app", DB);
     r.batch_execute("SET statement_timeout = '20s'").unwrap();
     // The renewal's plans are prepared and kept, so the paused call only executes.
-    assert_eq!(renew(&mut r, k2, None), None);
+    assert_eq!(renew(&mut r, 999_999_999, None), None);
     let r_pid: i32 = r.query_one("SELECT pg_backend_pid()", &[]).unwrap().get(0);
     let mut gdb = Gdb::attach_and_break(r_pid, BREAK_AT);
     // Granted by another session of the role (a keep-alive is the role's), once gdb holds
@@ -878,7 +915,5 @@ fn renewal_and_takeover_race() {
         let t = acquire(&mut g, lock, "grabber", "1 minute").expect("free");
         assert!(t > tokens[lock]);
     }
-    println!(
-        "(c) renewal stopped before the expiry, resumed after a take-over: NULL, nothing revived"
-    );
+    println!("renewal stopped before the expiry, resumed after a take-over: NULL, nothing revived");
 }
