@@ -57,11 +57,13 @@ test: bootstrap
 	$(MAKE) bench-smoke
 	$(MAKE) deploy-test
 
-# Formatting (rustfmt.toml) and clippy's warnings, as errors, for the extension's code.
+# Formatting (rustfmt.toml) and clippy's warnings, as errors, for the extension's code and
+# the cluster tests' (their checkers and fault clients are code a failure is read through).
 lint:
 	python3 scripts/check_imports.py
 	cargo fmt --all --check
 	cargo clippy --release --all-targets -p lockext -- -D warnings
+	cargo clippy --release --all-targets -p lockext-cluster-tests -- -D warnings
 
 unit:
 	mkdir -p $(PGTEST_DIR) && chown postgres: $(PGTEST_DIR)

@@ -392,7 +392,7 @@ fn an_observer_holds_no_lock_and_delays_no_one() {
         t0.elapsed()
     );
     let seen = observer.join().unwrap();
-    assert_eq!(seen.0, false, "nothing changed for it: {seen:?}");
+    assert!(!seen.0, "nothing changed for it: {seen:?}");
     assert_eq!(seen.2, Some(token));
 }
 

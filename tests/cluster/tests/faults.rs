@@ -795,6 +795,7 @@ impl Builder {
     }
 
     /// The same owner getting its live grant back (acquired_at unchanged).
+    #[allow(clippy::too_many_arguments)]
     fn reacquire(
         &mut self,
         client: &str,

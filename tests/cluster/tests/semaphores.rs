@@ -162,7 +162,7 @@ fn semaphore_client(url: String, i: usize, run: Duration, seed: u64) -> SemRun {
         ops: Vec::new(),
     };
     let mut rng = Rng(seed | 1);
-    let pauser = i % 4 == 0; // 4 of the 16 clients sometimes stall past their TTL
+    let pauser = i.is_multiple_of(4); // 4 of the 16 clients sometimes stall past their TTL
     let mut out = SemRun {
         ops: Vec::new(),
         reacquire_mismatches: Vec::new(),

@@ -82,7 +82,7 @@ fn config() -> Config {
         locks: get("locks").split(',').map(str::to_string).collect(),
         ttl_ms: num("ttl_ms", 300),
         run_ms: num("run_ms", 5000),
-        sync: args.get("sync").map_or(true, |v| v != "off"),
+        sync: args.get("sync").is_none_or(|v| v != "off"),
         stale_pct: num("stale_pct", 0),
         seed: num("seed", 1),
         out: get("out"),
@@ -311,11 +311,12 @@ impl Session {
     /// - `lockext.fence('fence-<lock>', token)` in the caller's transaction, then writes to
     ///   the caller's own tables (`fenced_state` and the history row); a stale token aborts
     ///   the transaction with 55L01.
+    ///
     /// In both, the history row commits with the write. None when failed (unknown),
     /// Some(false) when refused.
     fn write(&mut self, g: &Grant) -> Option<bool> {
         self.writes += 1;
-        let via_fence = self.writes % 2 == 0;
+        let via_fence = self.writes.is_multiple_of(2);
         let resource = format!("{}-{}", if via_fence { "fence" } else { "res" }, g.lock);
         let mut op = self.op(Kind::Write, &resource, &g.owner, Some(g.token));
         let id = op.id();
@@ -446,7 +447,7 @@ fn holder(s: &mut Session) {
             say(&format!("lost {lock}"));
             return;
         }
-        if round % 3 == 0 {
+        if round.is_multiple_of(3) {
             s.write(&grant);
         }
         sleep(Duration::from_millis(100));
