@@ -126,12 +126,15 @@ fn lock_keepalive_renew(
         let (role, now) = (caller::role(), backend::now()?);
         // A renewal, as lock_renew's: losing it in a crash only ends leases early.
         let only_leases = commit::only_leases_so_far();
-        let renewed = while_briefly_locked(keepalive, role, now, || {
-            Spi::connect_mut(|client| {
-                let args = [keepalive.into(), role.into(), now.into(), ttl.into()];
-                xact::kept_if_found(|| Ok(first_value(RENEW.run(client, &args)?)?))
-            })
-        })?;
+        let renewed = xact::while_briefly_locked(
+            || {
+                Spi::connect_mut(|client| {
+                    let args = [keepalive.into(), role.into(), now.into(), ttl.into()];
+                    xact::kept_if_found(|| Ok(first_value(RENEW.run(client, &args)?)?))
+                })
+            },
+            || still_held(keepalive, role, now),
+        )?;
         commit::relax_if_only_leases(only_leases);
         stats::count(if renewed.is_some() {
             Counter::KeepaliveRenewalsOk
@@ -157,63 +160,43 @@ fn lock_keepalive_revoke(keepalive: Option<i64>) -> Option<i64> {
         let notify = settings::NOTIFY.get();
         // A release, as lock_release's: losing it in a crash only ends leases later.
         let only_leases = commit::only_leases_so_far();
-        let ended = while_briefly_locked(keepalive, role, now, || {
-            Spi::connect_mut(|client| {
-                let args = [keepalive.into(), role.into(), now.into(), notify.into()];
-                xact::kept_if_found(|| {
-                    let rows = REVOKE.run(client, &args)?;
-                    if rows.is_empty() {
-                        return Ok(None);
-                    }
-                    let mut ended = 0i64;
-                    for row in rows {
-                        if let Some(lock_id) = row.get_by_name::<TextBuf, _>("lock_id")? {
-                            wait::wake_head_at_commit(lock_id.as_text());
-                            ended += 1;
+        let ended = xact::while_briefly_locked(
+            || {
+                Spi::connect_mut(|client| {
+                    let args = [keepalive.into(), role.into(), now.into(), notify.into()];
+                    xact::kept_if_found(|| {
+                        let rows = REVOKE.run(client, &args)?;
+                        if rows.is_empty() {
+                            return Ok(None);
                         }
-                    }
-                    Ok(Some(ended))
+                        let mut ended = 0i64;
+                        for row in rows {
+                            if let Some(lock_id) = row.get_by_name::<TextBuf, _>("lock_id")? {
+                                wait::wake_head_at_commit(lock_id.as_text());
+                                ended += 1;
+                            }
+                        }
+                        Ok(Some(ended))
+                    })
                 })
-            })
-        })?;
+            },
+            || still_held(keepalive, role, now),
+        )?;
         commit::relax_if_only_leases(only_leases);
         Ok(ended)
     })
     .or_report()
 }
 
-/// Runs a renewal or revocation of a keep-alive, and again while it found nothing although
-/// the caller's live keep-alive is there: its row was locked for a moment by someone else
-/// (the reaper or a grant that looked at it as expired and found it renewed keeps its lock
-/// until its short transaction ends), as `lease::while_briefly_locked` does for leases.
-/// Bounded: after 100 ms the answer stands.
-fn while_briefly_locked<T>(
-    keepalive: i64,
-    role: pg_sys::Oid,
-    now: TimestampWithTimeZone,
-    mut attempt: impl FnMut() -> Result<Option<T>, LockError>,
-) -> Result<Option<T>, LockError> {
-    let args = [
-        DatumWithOid::from(keepalive),
-        role.into(),
-        DatumWithOid::from(now),
-    ];
-    for _ in 0..100 {
-        if let Some(done) = attempt()? {
-            return Ok(Some(done));
-        }
-        let held = Spi::connect_mut(|_| {
-            HELD.read_latest(&args)
-                .and_then(|row| row.get::<bool>("held"))
-                == Some(true)
-        });
-        if !held {
-            return Ok(None);
-        }
-        unsafe { pg_sys::pg_usleep(1000) };
-        pg_sys::check_for_interrupts!();
-    }
-    attempt()
+/// Whether the caller's keep-alive is live and not ended, under the newest snapshot: what
+/// a renewal or revocation that found nothing tries again for (`xact::while_briefly_locked`).
+fn still_held(keepalive: i64, role: pg_sys::Oid, now: TimestampWithTimeZone) -> bool {
+    let args = [DatumWithOid::from(keepalive), role.into(), now.into()];
+    Spi::connect_mut(|_| {
+        HELD.read_latest(&args)
+            .and_then(|row| row.get::<bool>("held"))
+            == Some(true)
+    })
 }
 
 /// Before a grant attached to `keepalive`: the keep-alive must be the calling role's, live

@@ -342,9 +342,14 @@ pub fn renew(
         token: fence_token,
     };
     let only_leases = commit::only_leases_so_far();
-    let renewed = while_briefly_locked(&held, || {
-        Spi::connect_mut(|client| first_found(client, &RENEW, &held.datums_with_ttl(ttl), renewed))
-    })?;
+    let renewed = xact::while_briefly_locked(
+        || {
+            Spi::connect_mut(|client| {
+                first_found(client, &RENEW, &held.datums_with_ttl(ttl), renewed)
+            })
+        },
+        || still_held(&held),
+    )?;
     commit::relax_if_only_leases(only_leases);
     stats::count(if renewed.is_some() {
         Counter::RenewalsOk
@@ -380,9 +385,10 @@ pub fn release_valid(
         token: fence_token,
     };
     let only_leases = commit::only_leases_so_far();
-    let deleted = while_briefly_locked(&held, || {
-        Spi::connect_mut(|client| first_found(client, &RELEASE, &held.datums(), released))
-    })?;
+    let deleted = xact::while_briefly_locked(
+        || Spi::connect_mut(|client| first_found(client, &RELEASE, &held.datums(), released)),
+        || still_held(&held),
+    )?;
     commit::relax_if_only_leases(only_leases);
     if deleted.is_some() {
         wait::wake_head_at_commit(lock_id);
@@ -456,33 +462,15 @@ static HELD_BY_CALLER: Statement = Statement {
     params: HELD_PARAMS,
 };
 
-/// Runs a renew or release, and again while it found nothing although the caller's live
-/// lease is there: its row was locked for a moment by someone else, such as the reaper,
-/// which keeps the lock of a row it looked at as expired and found renewed (PostgreSQL
-/// keeps the lock of a row that fails the recheck of `FOR UPDATE`) until its short batch
-/// commits. A holder must not be told "not yours" for that. Bounded: after 100 ms the
-/// answer stands (a lease a long transaction keeps locked is not available to change).
-fn while_briefly_locked<T>(
-    held: &Held<'_>,
-    mut attempt: impl FnMut() -> Result<Option<T>, LockError>,
-) -> Result<Option<T>, LockError> {
-    for _ in 0..100 {
-        if let Some(done) = attempt()? {
-            return Ok(Some(done));
-        }
-        let still_held = Spi::connect_mut(|_| {
-            HELD_BY_CALLER
-                .read_latest(&held.datums())
-                .and_then(|row| row.get::<bool>("held"))
-                == Some(true)
-        });
-        if !still_held {
-            return Ok(None);
-        }
-        unsafe { pg_sys::pg_usleep(1000) };
-        pg_sys::check_for_interrupts!();
-    }
-    attempt()
+/// Whether the caller's lease is live, under the newest snapshot: what a renewal or a
+/// release that found nothing tries again for (`xact::while_briefly_locked`).
+fn still_held(held: &Held<'_>) -> bool {
+    Spi::connect_mut(|_| {
+        HELD_BY_CALLER
+            .read_latest(&held.datums())
+            .and_then(|row| row.get::<bool>("held"))
+            == Some(true)
+    })
 }
 
 /// Sends a lockext event to LISTENers of channel `lockext` when the transaction commits,

@@ -109,3 +109,27 @@ pub fn kept_if_found<T>(
         statement()
     }
 }
+
+/// Runs a renewal or a release (`attempt`), and again while it found nothing although
+/// `still_held` says the caller's live lease or keep-alive is there: its row was locked for
+/// a moment by someone else, such as the reaper or a grant, which keeps the lock of a row it
+/// looked at as expired and found renewed (PostgreSQL keeps the lock of a row that fails
+/// the recheck of `FOR UPDATE`) until its short transaction commits. A holder must not be
+/// told "not yours" for that. Bounded: after 100 ms the answer stands (a row a long
+/// transaction keeps locked is not available to change).
+pub fn while_briefly_locked<T>(
+    mut attempt: impl FnMut() -> Result<Option<T>, LockError>,
+    still_held: impl Fn() -> bool,
+) -> Result<Option<T>, LockError> {
+    for _ in 0..100 {
+        if let Some(done) = attempt()? {
+            return Ok(Some(done));
+        }
+        if !still_held() {
+            return Ok(None);
+        }
+        unsafe { pg_sys::pg_usleep(1000) };
+        pg_sys::check_for_interrupts!();
+    }
+    attempt()
+}
