@@ -449,7 +449,10 @@ fn a_refused_take_over_keeps_no_lock_on_a_renewed_exclusive_lease() {
         h_mode: "exclusive",
         r_kind: "",
         r_statement: "TAKE_OVER",
-        r_frames: &["lockext::grant::take"],
+        // `take` ends in a tail call of `grant_by` (which runs only an extension or a
+        // take-over, and R, another owner, has nothing to extend): whether `take`'s frame
+        // is still on the stack depends on what the compiler inlined.
+        r_frames: &["lockext::grant::take", "lockext::grant::grant_by"],
         table: "lockext.locks",
     });
 }
