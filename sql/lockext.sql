@@ -132,7 +132,10 @@ CREATE TABLE lockext.token_epoch (
     system_identifier bigint      NOT NULL,
     timeline          integer     NOT NULL,
     database          oid         NOT NULL,
-    raised_at         timestamptz NOT NULL
+    raised_at         timestamptz NOT NULL,
+    -- 0.1.0 and 0.2.0 had this column: kept, always NULL from 0.4.0 on, so that their
+    -- dumps restore the row (it is evidence of the tokens they handed out, token.rs).
+    boot              bigint
 );
 
 -- The high-water mark of each fenced resource, and the document fenced_update last stored

@@ -38,14 +38,13 @@ use crate::settings;
 use crate::text::Text;
 
 /// Lockext's claims among advisory locks in `pg_locks` (objsubid 19531 "LK", 19535 "LO",
-/// 19522 "LB", 19539 "LS", 19540 "LT", 19523 "LC"); the built-in advisory functions use 1 and 2, so they never
+/// 19522 "LB", 19539 "LS", 19540 "LT"); the built-in advisory functions use 1 and 2, so they never
 /// collide.
 const GATE_TAG: u16 = 0x4C4B;
 const ROW_TAG: u16 = 0x4C4F;
 const BULK_TAG: u16 = 0x4C42;
 const SLOT_TAG: u16 = 0x4C53;
 const KIND_TAG: u16 = 0x4C54;
-const COUNTER_TAG: u16 = 0x4C43;
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
@@ -128,30 +127,6 @@ pub fn try_gate(lock_id: Text<'_>, mode: Mode) -> Result<Option<Gate>, LockError
 /// one claim lockext itself takes per transaction at most (the epoch row's writer).
 pub fn try_claim_alone(key: &str) -> bool {
     try_lock(&tag_of(GATE_TAG, fnv1a(key.as_bytes())), Mode::Exclusive).is_some()
-}
-
-/// The lock of this database's token counter reservation (`counter.rs`), held only while one
-/// backend writes and flushes a reservation, and given back right after: the one lock
-/// lockext may wait for, and then only for one WAL flush.
-pub fn lock_counter() -> CounterLock {
-    let tag = tag_of(COUNTER_TAG, 0);
-    unsafe { pg_sys::LockAcquire(&tag, Mode::Exclusive.lockmode(), false, false) };
-    CounterLock(tag)
-}
-
-/// As `lock_counter`, without waiting: None when another backend holds it.
-pub fn try_lock_counter() -> Option<CounterLock> {
-    let tag = tag_of(COUNTER_TAG, 0);
-    try_lock(&tag, Mode::Exclusive).map(|_| CounterLock(tag))
-}
-
-/// Held: see `lock_counter`. An error before `release` leaves it to the transaction's end.
-pub struct CounterLock(pg_sys::LOCKTAG);
-
-impl CounterLock {
-    pub fn release(self) {
-        unsafe { pg_sys::LockRelease(&self.0, Mode::Exclusive.lockmode(), false) };
-    }
 }
 
 /// Claims the creation of `owner`'s shared-lease row for `lock_id`; false when another

@@ -72,8 +72,11 @@ pub enum LockError {
     #[error("the fencing token {what} is exhausted")]
     TokensExhausted { what: &'static str },
 
-    #[error("lockext cannot use its record of token eras: {detail}")]
+    #[error("lockext cannot use its token ledger: {detail}")]
     EraRecord { detail: String },
+
+    #[error("lockext hands out fencing tokens only when it is loaded at server start")]
+    LedgerNeedsPreload,
 
     #[error("the server clock reads a time outside the timestamptz range")]
     ClockOutOfRange,
@@ -165,7 +168,9 @@ impl LockError {
             | LockError::VersionNegative { .. }
             | LockError::KeepaliveWithTtl
             | LockError::KeepaliveWithSession => ERRCODE_INVALID_PARAMETER_VALUE, // 22023
-            LockError::KeepaliveNotLive { .. } | LockError::RenewAttached { .. } => {
+            LockError::KeepaliveNotLive { .. }
+            | LockError::RenewAttached { .. }
+            | LockError::LedgerNeedsPreload => {
                 ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE // 55000
             }
             LockError::WrongKind { .. } => ERRCODE_WRONG_OBJECT_TYPE, // 42809
@@ -252,10 +257,16 @@ impl LockError {
                 "Publish where the data is (an address, a key), not the data: every follower \
                  reads the value at each change.",
             ),
+            LockError::LedgerNeedsPreload => Some(
+                "Add lockext to shared_preload_libraries in postgresql.conf and restart the \
+                 server: the token ledger travels in the WAL through lockext's own WAL \
+                 resource manager, which exists only when the library is preloaded.",
+            ),
             LockError::EraRecord { .. } => Some(
-                "The file pg_lockext/eras in the data directory records which token eras this \
-                 cluster has used; lockext hands out no token without it. Restore it from a \
-                 copy of this data directory; never edit or delete it.",
+                "The file pg_lockext/ledger in the data directory, kept up to date by the \
+                 WAL, records how high this cluster's tokens have gone; lockext hands out no \
+                 token it cannot read. Restore it from a copy of this data directory, or \
+                 replay the WAL over one (a base backup); never edit it.",
             ),
             LockError::TokensExhausted { .. } => Some(
                 "No more tokens can be handed out that are higher than every earlier one; \

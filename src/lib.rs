@@ -9,15 +9,14 @@ mod caller;
 mod claims;
 mod commit;
 mod compat;
-mod counter;
 mod election;
-mod eras;
 mod error;
 mod exclusive;
 mod fence;
 mod grant;
 mod keepalive;
 mod lease;
+mod ledger;
 mod reaper;
 mod session;
 mod sets;
@@ -87,8 +86,8 @@ pub extern "C-unwind" fn _PG_init() {
     if preloading {
         status::init_shared_memory();
         stats::init_shared_memory();
-        counter::init_shared_memory();
-        eras::init_shared_memory();
+        ledger::init_shared_memory();
+        ledger::register_rmgr();
         wait::init_shared_memory();
         claims::init_shared_memory();
         reaper::init_shared_memory();
@@ -106,6 +105,7 @@ pub mod pg_test {
 
     #[must_use]
     pub fn postgresql_conf_options() -> Vec<&'static str> {
-        vec![]
+        // Tokens come from the ledger, which needs the library preloaded.
+        vec!["shared_preload_libraries = 'lockext'"]
     }
 }

@@ -888,6 +888,12 @@ fn reap_round(
         let own = Spi::connect_mut(|client| {
             Ok::<_, LockError>(first_value::<bool>(OWN_SCHEMA.run(client, &[])?)?)
         })?;
+        if own == Some(true) && !backend::in_recovery() {
+            // The token ledger learns of this database's history within a round of the
+            // server's start, whatever version its SQL is: before a reinstall or a DROP
+            // DATABASE could take that evidence away (`token.rs`).
+            Spi::connect_mut(|_| crate::token::adopt())?;
+        }
         Ok(Some(Some((version, own))))
     })
     .map_err(|message| RoundError::Failed { reaped: 0, message })?;

@@ -512,7 +512,7 @@ mod tests {
 
     #[pg_test]
     fn tokens_fit_in_a_double_and_carry_the_era_in_force() {
-        use crate::token::{Layout, MAX_SAFE_TOKEN};
+        use crate::ledger::{Layout, MAX_SAFE_TOKEN};
         let t = token_of("job@tokens_fit_in_a_double", "w", "1 minute").unwrap();
         let u = token_of("job@tokens_fit_in_a_double-2", "w", "1 minute").unwrap();
         assert!(
@@ -535,127 +535,147 @@ mod tests {
     }
 
     #[pg_test]
-    fn next_era_rises_above_everything_recorded() {
-        use crate::eras::{Current, Record};
-        use crate::token::{next_era, Found, Layout, Row};
-        let row = |epoch, layout, foreign, timeline| Found {
+    fn adopting_evidence_raises_the_ledger_above_it() {
+        use crate::ledger::State;
+        use crate::token::{wanted, Evidence, Layout, Row};
+        const US: u64 = 7;
+        const THEM: u64 = 8;
+        let safe = |base, reserved, timeline| State {
+            layout: Layout::Safe.code(),
+            base,
+            reserved,
+            timeline,
+        };
+        let row = |era, layout, system| Evidence {
             row: Some(Row {
-                epoch,
-                layout: Some(layout),
+                era,
+                layout,
                 own: false,
-                foreign,
-                timeline,
+                system,
             }),
             highest_kept: None,
         };
-        let none = Found::default();
-        let empty = Record::default();
-        // A fresh cluster's first era: 0 on the first timeline, so the first token is 1.
-        assert_eq!(next_era(&empty, 5, none, 1).unwrap(), (Layout::Safe, 0));
-        // At least the timeline less one.
-        assert_eq!(next_era(&empty, 5, none, 4).unwrap(), (Layout::Safe, 3));
-        // Above the highest era the cluster used anywhere (a reinstall, a restore of an old
-        // dump, another database)...
-        let mut used = Record::default();
-        used.max.insert(2, 6);
-        assert_eq!(
-            next_era(&used, 5, row(2, Layout::Safe, false, 1), 1).unwrap(),
-            (Layout::Safe, 7)
-        );
-        // ...and above the row of this cluster, or by two above the row that came with a
-        // dump from another cluster (it may lag its source's era by one).
-        assert_eq!(
-            next_era(&empty, 5, row(9, Layout::Safe, false, 1), 1).unwrap(),
-            (Layout::Safe, 10)
-        );
-        assert_eq!(
-            next_era(&empty, 5, row(9, Layout::Safe, true, 1), 1).unwrap(),
-            (Layout::Safe, 11)
-        );
-        // ...and above the highest token in lockext's tables (a dump without the row).
-        let kept = Found {
+        let kept = |token| Evidence {
             row: None,
-            highest_kept: Some((5 << 41) | 7),
+            highest_kept: Some(token),
         };
-        assert_eq!(next_era(&empty, 5, kept, 1).unwrap(), (Layout::Safe, 6));
-        // A new timeline passes the base by one more per timeline: a promotion by two, and
-        // two branches of one copy of the record by different amounts.
-        let mut on_one = Record::default();
-        on_one.max.insert(2, 11);
-        on_one.current.insert(
-            5,
-            Current {
-                layout: 2,
-                system: 1,
-                timeline: 1,
-                sequence: 99,
-                era: 11,
-            },
-        );
-        assert_eq!(next_era(&on_one, 5, none, 2).unwrap(), (Layout::Safe, 13));
-        assert_eq!(next_era(&on_one, 5, none, 3).unwrap(), (Layout::Safe, 14));
-        // A database that used 0.2.0's layout keeps it through a reinstall (no row left),
-        // and so does every new installation of that cluster.
-        used.current.insert(
-            5,
-            Current {
-                layout: 1,
-                system: 1,
-                timeline: 1,
-                sequence: 99,
-                era: 12288,
-            },
-        );
-        used.max.insert(1, 12288);
-        assert_eq!(next_era(&used, 5, none, 1).unwrap(), (Layout::Wide, 12289));
-        assert_eq!(next_era(&used, 8, none, 1).unwrap(), (Layout::Wide, 12289));
-        // A dump of it restored elsewhere too, with or without its row.
+        let none = Evidence::default();
+        let fresh = State::default();
+        // A fresh cluster and a database with no history: nothing to raise; the first token
+        // then is era 0 (timeline 1), counter 1.
+        assert_eq!(wanted(&none, fresh, 1, US), None);
+        // A row this cluster wrote under its ledger: nothing, even on a later timeline.
+        let ledger = safe(0, 5000, 1);
+        assert_eq!(wanted(&row(0, Layout::Safe, US), ledger, 1, US), None);
+        assert_eq!(wanted(&row(0, Layout::Safe, US), ledger, 3, US), None);
+        // A row from another cluster (a dump restored here, pg_upgrade): passed by two, as
+        // it may lag its source's era by one.
+        let w = wanted(&row(9, Layout::Safe, THEM), ledger, 1, US).unwrap();
+        assert_eq!(w.era(1), 11);
+        // A row of this system above the era in force (the ledger was lost): passed.
         assert_eq!(
-            next_era(&empty, 7, row(12288, Layout::Wide, false, 1), 1).unwrap(),
-            (Layout::Wide, 12289)
+            wanted(&row(4, Layout::Safe, US), ledger, 1, US)
+                .unwrap()
+                .era(1),
+            5
         );
-        let wide_kept = Found {
-            row: None,
-            highest_kept: Some((12290 << 43) | 3),
+        // The same, for a cluster with no ledger yet (0.3.0's rows of this system).
+        assert_eq!(
+            wanted(&row(0, Layout::Safe, US), fresh, 1, US)
+                .unwrap()
+                .era(1),
+            1
+        );
+        // Tokens in the tables: in the era in force only the counter goes past them...
+        let w = wanted(&kept(9000), ledger, 1, US).unwrap();
+        assert_eq!((w.era(1), w.reserved), (0, 9000));
+        assert_eq!(wanted(&kept(4000), ledger, 1, US), None);
+        // ...in a higher era, the era does.
+        assert_eq!(
+            wanted(&kept((5 << 41) | 7), ledger, 1, US).unwrap().era(1),
+            6
+        );
+        // 0.2.0's layout, from a row or a token, makes the ledger Wide, above it.
+        let w = wanted(&row(4097, Layout::Wide, US), ledger, 1, US).unwrap();
+        assert_eq!((w.layout(), w.era(1)), (Layout::Wide, 4098));
+        let w = wanted(&kept((12290 << 43) | 3), ledger, 1, US).unwrap();
+        assert_eq!((w.layout(), w.era(1)), (Layout::Wide, 12291));
+        // A Wide ledger never goes back to Safe for a Safe row.
+        let wide = State {
+            layout: Layout::Wide.code(),
+            base: 5,
+            reserved: 0,
+            timeline: 1,
         };
-        assert_eq!(
-            next_era(&empty, 7, wide_kept, 1).unwrap(),
-            (Layout::Wide, 12291)
-        );
+        assert_eq!(wanted(&row(3, Layout::Safe, THEM), wide, 1, US), None);
         // The end of the era space is an error, never a wrap.
-        let mut full = Record::default();
-        full.max.insert(2, Layout::Safe.era_limit() - 1);
-        assert!(next_era(&full, 5, none, 1).is_err());
         assert!(Layout::Safe.compose(0, 1 << 41).is_err());
         assert!(Layout::Safe.compose(4096, 1).is_err());
         assert_eq!(
             Layout::Safe.compose(4095, (1 << 41) - 1).unwrap(),
-            crate::token::MAX_SAFE_TOKEN
+            crate::ledger::MAX_SAFE_TOKEN
         );
     }
 
     #[pg_test]
-    fn the_era_record_reads_back_what_it_wrote_and_refuses_damage() {
-        use crate::eras::{Current, Record};
-        let mut r = Record::default();
-        r.max.insert(2, 7);
-        r.max.insert(1, 12290);
-        r.current.insert(
-            5,
-            Current {
-                layout: 2,
-                system: u64::MAX,
-                timeline: 3,
-                sequence: 16_400,
-                era: 7,
-            },
+    fn the_ledger_merges_upward_and_never_lowers_its_era() {
+        use crate::ledger::State;
+        use crate::token::Layout;
+        let s = State {
+            layout: 2,
+            base: 3,
+            reserved: 100,
+            timeline: 4,
+        };
+        // The era rises with the timeline by itself.
+        assert_eq!(s.era(4), 6);
+        assert_eq!(s.era(5), 7);
+        // Moved to a lower timeline (a new cluster: pg_upgrade starts at timeline 1), the
+        // era goes above the one it had.
+        assert_eq!(s.moved_to(1).era(1), 7);
+        // Merging keeps the maximum of each part, and Wide wins.
+        let t = State {
+            base: 1,
+            reserved: 500,
+            ..s
+        };
+        assert_eq!(s.merge(t, 4), State { reserved: 500, ..s });
+        let w = State {
+            layout: Layout::Wide.code(),
+            base: 0,
+            reserved: 0,
+            timeline: 4,
+        };
+        // The counter is one for both layouts: its reservation never falls.
+        assert_eq!(s.merge(w, 4), State { reserved: 100, ..w });
+        assert_eq!(s.merge(State::default(), 4), s);
+    }
+
+    #[pg_test]
+    fn the_ledger_file_reads_back_what_it_wrote_and_refuses_damage() {
+        use crate::ledger::State;
+        let s = State {
+            layout: 1,
+            base: 12290,
+            reserved: 1 << 40,
+            timeline: 3,
+        };
+        assert_eq!(State::parse(&s.render()), Ok(s));
+        assert!(State::parse("").is_err());
+        assert!(State::parse("lockext-ledger 1\nlayout 2\n").is_err());
+        assert!(
+            State::parse("lockext-ledger 1\nlayout 2\nbase x\nreserved 1\ntimeline 1\n").is_err()
         );
-        assert_eq!(Record::parse(&r.render()), Ok(r));
-        assert!(Record::parse("").is_err());
-        assert!(Record::parse("lockext-eras 1\nmax 2\n").is_err());
-        assert!(Record::parse("lockext-eras 1\nmax 2 x\n").is_err());
-        assert!(Record::parse("lockext-eras 1\nera 2 1\n").is_err());
-        assert_eq!(Record::parse("lockext-eras 1\n"), Ok(Record::default()));
+        // An era base past any layout's era space is damage, not a wrap.
+        assert!(State::parse(
+            &State {
+                base: i64::MAX,
+                ..s
+            }
+            .render()
+        )
+        .is_err());
+        assert!(State::parse(&State { layout: 3, ..s }.render()).is_err());
     }
 
     #[pg_test]

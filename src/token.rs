@@ -1,4 +1,4 @@
-//! Fencing tokens: where they come from, and what makes them safe to hand out.
+//! Fencing tokens: their layout, and what makes a database's tokens safe to hand out.
 //!
 //! A token is only worth anything if no later grant can ever get a lower or equal one, and
 //! only if every client can hold it exactly: a JavaScript `number`, and any JSON parser that
@@ -6,214 +6,73 @@
 //!
 //! ```text
 //! bit 63 ... 53   52 ....... 41   40 ........................................ 0
-//!     0 (unused) |  era (12 bits) |  counter (41 bits, lockext.fence_token_seq)  |
+//!     0 (unused) |  era (12 bits) |  counter (41 bits)                           |
 //! ```
 //!
 //! and at most 9 007 199 254 740 991. A fresh cluster's first token is 1 (era 0, counter 1).
 //!
-//! **The counter never goes backwards, even through a crash.** A sequence WAL-logs values
-//! ahead of use, and a value handed out before that WAL reaches the disk could come again
-//! after a crash, whether its transaction committed asynchronously or never committed at
-//! all (a client can read a token inside an open transaction). So after taking a value,
-//! `next_counter` flushes the WAL up to the sequence page's LSN whenever the disk is
-//! behind it: once every 32 grants (`SEQ_LOG_VALS`), and never otherwise. Every token
-//! handed out is then at or below what recovery restores the sequence to.
+//! Both parts come from the cluster's **ledger** (`ledger.rs`): one counter for every
+//! database of the cluster, reserved on disk before it is handed out, and an era that is
+//! the WAL timeline's (it rises by itself at every promotion and point-in-time recovery)
+//! plus a base. The ledger travels with the WAL: through crashes, standbys, base backups
+//! and archive recovery. A reinstall, a new database or a database copied from a template
+//! keeps counting on the same counter, so none of them spends an era.
 //!
-//! **The era changes when the history does**: another system (a restore into another
-//! cluster), another WAL timeline (a failover, a point-in-time recovery), another database
-//! (a restore into another database), or another token sequence (DROP and CREATE
-//! EXTENSION, `pg_restore --clean`, which recreate it and its counter). A restart or a
-//! crash is the same history: the counter continues, and no era is spent. The new era is
-//! above every era that could have been used before:
+//! What the ledger cannot know is a database's history that did not happen under it: a
+//! dump restored from another cluster, a cluster made by `pg_upgrade`, an installation that
+//! handed out tokens before this version (0.2.0's layout, 0.3.0's eras). Each database's
+//! tables carry evidence of that history: the epoch row `lockext.token_epoch` (the era in
+//! force when the database last started one, its layout and the system it was written on)
+//! and the tokens in its tables. Before a backend mints its first token in a database, and
+//! in every reaper round, lockext **adopts** that evidence: the ledger is raised (never
+//! lowered) so that the next token is above every token the evidence says this database's
+//! history can have handed out (`wanted`). Evidence this cluster wrote under its ledger
+//! needs nothing. A row from another cluster can lag its source's era by one (its source
+//! may mint in a new era before the row's write commits), so it is passed by two.
 //!
-//! - above the highest era this cluster has used in any database, from the cluster's own
-//!   record (`eras.rs`, a file that pg_dump does not copy and DROP EXTENSION does not
-//!   remove): so a restore of any dump, however old, and a reinstall continue above;
-//! - above the era in `lockext.token_epoch`, which travels with dumps: so a dump restored
-//!   into another cluster continues above its source's era (and so above every token the
-//!   source handed out while that era was in force);
-//! - at least the timeline number less one: two branches of history recovered from one
-//!   archive get different timelines and so different eras.
-//!
-//! The cluster record is flushed before the first token of the new era is handed out; the
-//! era is trusted from that file only, never from a table row that its transaction (or a
-//! subtransaction) could still roll back. The row is written too, for dumps, and a
-//! backend stops rewriting it once it has read it back committed by another transaction.
-//!
-//! An old primary left running after a failover keeps its era and only counts up within
-//! it: every token it mints stays below the promoted server's new era.
-//!
-//! **Limits.** 2^41 - 1 = 2.2 * 10^12 grants in all (the counter continues across eras):
-//! 7 years at a sustained 10 000 grants/s, 70 years at 1 000/s. 4 096 eras (0 to 4095),
-//! spent only by history changes, never by restarts. Both ends are an error (2200H), never
-//! a wrap.
+//! **Limits.** 2^41 - 1 = 2.2 * 10^12 grants per cluster (the counter is shared by every
+//! database and continues across eras): 7 years at a sustained 10 000 grants/s. 4 096 eras
+//! (0 to 4095), spent only by timelines and by adopting a history from elsewhere, neither
+//! of which a non-superuser can cause. A WARNING from era 3840 on, and an error (2200H) at
+//! the end of either, never a wrap.
 //!
 //! **Installations upgraded from 0.2.0** already handed out tokens above 2^53 (0.2.0 put
-//! a 20-bit epoch over a 43-bit counter), and a token must never go backwards, so they
-//! keep that layout (`Layout::Wide`): the same rules, with the 20-bit epoch as the era.
-//! A JavaScript client of such an installation reads tokens as strings or BigInt.
+//! a 20-bit epoch over a 43-bit counter), and a token must never go backwards, so a cluster
+//! that has such an installation mints in that layout (`Layout::Wide`), in every database.
+//! A JavaScript client of such a cluster reads tokens as strings or BigInt.
 
 use std::cell::Cell;
+use std::ffi::CStr;
 
 use pgrx::pg_sys::{self, BuiltinOid::*};
 use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
 
 use crate::backend;
-use crate::eras::{self, Current, Record};
 use crate::error::LockError;
+use crate::ledger::{self, State};
 use crate::settings::{self, Durability};
-use crate::statements::{first_value, Statement};
+use crate::statements::Statement;
 
-/// The highest token any layout hands out to a client that holds it in a double.
-pub const MAX_SAFE_TOKEN: i64 = (1 << 53) - 1;
+pub use crate::ledger::Layout;
 
 /// The claim that the writer of the epoch row holds: a lock id cannot contain a NUL, so no
 /// lease's claim can be this one.
 const EPOCH_CLAIM: &str = "\u{0}lockext token epoch";
 
-/// How a token is laid out: era over counter.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub enum Layout {
-    /// 0.2.0's: a 20-bit epoch over a 43-bit counter; kept by installations upgraded from it.
-    Wide,
-    /// A 12-bit era over a 41-bit counter: every token fits in a double.
-    Safe,
-}
+// ---- evidence ------------------------------------------------------------------------
 
-impl Layout {
-    pub fn code(self) -> u8 {
-        match self {
-            Layout::Wide => 1,
-            Layout::Safe => 2,
-        }
-    }
-
-    pub fn from_code(code: i64) -> Option<Layout> {
-        match code {
-            1 => Some(Layout::Wide),
-            2 => Some(Layout::Safe),
-            _ => None,
-        }
-    }
-
-    /// The layout a token was minted in: every Wide token is above 2^55 (0.2.0's eras
-    /// started at 1), every Safe one at most 2^53 - 1.
-    pub fn of(token: i64) -> Layout {
-        if token > MAX_SAFE_TOKEN {
-            Layout::Wide
-        } else {
-            Layout::Safe
-        }
-    }
-
-    pub fn counter_bits(self) -> u32 {
-        match self {
-            Layout::Wide => 43,
-            Layout::Safe => 41,
-        }
-    }
-
-    /// One past the highest era.
-    pub fn era_limit(self) -> i64 {
-        match self {
-            Layout::Wide => 1 << 20,
-            Layout::Safe => 1 << 12,
-        }
-    }
-
-    /// The lowest era a history on this WAL timeline may use. Wide keeps 0.2.0's rule (its
-    /// era, the epoch's high 8 bits, at least the timeline).
-    pub fn floor(self, timeline: u32) -> i64 {
-        match self {
-            Layout::Wide => i64::from(timeline) << 12,
-            Layout::Safe => i64::from(timeline) - 1,
-        }
-    }
-
-    pub fn compose(self, era: i64, counter: i64) -> Result<i64, LockError> {
-        if counter >= 1 << self.counter_bits() {
-            return Err(LockError::TokensExhausted { what: "counter" });
-        }
-        if !(0..self.era_limit()).contains(&era) {
-            return Err(LockError::TokensExhausted { what: "era" });
-        }
-        Ok(era << self.counter_bits() | counter)
-    }
-
-    pub fn split(self, token: i64) -> (i64, i64) {
-        let bits = self.counter_bits();
-        (token >> bits, token & ((1 << bits) - 1))
-    }
-}
-
-/// Which history a token belongs to.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-struct History {
-    system: u64,
-    timeline: u32,
-    database: u32,
-    sequence: pg_sys::Oid,
-}
-
-impl History {
-    fn now() -> Result<History, LockError> {
-        Ok(History {
-            system: unsafe { pg_sys::GetSystemIdentifier() },
-            timeline: unsafe { pg_sys::GetWALInsertionTimeLine() },
-            database: backend::database().to_u32(),
-            sequence: sequence_oid()?,
-        })
-    }
-
-    fn matches(&self, c: &Current) -> bool {
-        c.system == self.system
-            && c.timeline == self.timeline
-            && c.sequence == self.sequence.to_u32()
-    }
-}
-
-/// `lockext.fence_token_seq`, looked up each time (two cache lookups): DROP and CREATE
-/// EXTENSION give it a new oid, and that is a new history.
-fn sequence_oid() -> Result<pg_sys::Oid, LockError> {
-    let oid = unsafe {
-        let schema = pg_sys::get_namespace_oid(c"lockext".as_ptr(), true);
-        pg_sys::get_relname_relid(c"fence_token_seq".as_ptr(), schema)
-    };
-    if oid == pg_sys::InvalidOid {
-        return Err(LockError::EraRecord {
-            detail: "lockext.fence_token_seq is missing".into(),
-        });
-    }
-    Ok(oid)
-}
-
-/// The era tokens of this history carry.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-struct InForce {
-    history: History,
-    layout: Layout,
-    era: i64,
-    /// Whether `lockext.token_epoch` is known to record this era, committed.
-    row_confirmed: bool,
-    /// The version of the cluster record this was read from (`eras::version`).
-    record: Option<(u64, i64, i64)>,
-}
-
-thread_local! {
-    // The era in force, as this backend last read it from the cluster record. A history
-    // keeps its era as long as the record does; the record is rewritten when any history
-    // of the cluster starts an era, and then this backend reads it again before its next
-    // grant (a history that came back, such as a reinstall rolled back, may have been
-    // given a new era meanwhile, and every backend must mint in the same one).
-    static LOCAL: Cell<Option<InForce>> = const { Cell::new(None) };
-}
-
-// ---- statements ----------------------------------------------------------------------
-
-// Read under the newest snapshot (`read_latest`).
+// Each read under the newest snapshot (`read_latest`): a restore committed after this
+// transaction's snapshot is evidence too.
 static READ_ROW: Statement = Statement {
     sql: include_str!("../sql/run/token/read_row.sql"),
+    params: &[],
+};
+
+// The epoch row of an installation whose SQL is older than 0.3.0 (no layout column; 0.2.0's
+// `boot`): always 0.2.0's layout.
+static READ_ROW_0_2: Statement = Statement {
+    sql: include_str!("../sql/run/token/read_row_0_2.sql"),
     params: &[],
 };
 
@@ -222,266 +81,264 @@ static WRITE_ROW: Statement = Statement {
     params: &[INT4OID, INT2OID, INT8OID, INT4OID, OIDOID],
 };
 
-static LAST_COUNTER: Statement = Statement {
-    sql: include_str!("../sql/run/token/last_counter.sql"),
-    params: &[],
-};
+/// The highest token in each table of lockext's that holds tokens (a table an older version
+/// did not have is skipped): they travel with dumps even when the epoch row does not.
+static HIGHEST_KEPT: [(&CStr, Statement); 4] = [
+    (
+        c"locks",
+        Statement {
+            sql: include_str!("../sql/run/token/highest_lock.sql"),
+            params: &[],
+        },
+    ),
+    (
+        c"shared_leases",
+        Statement {
+            sql: include_str!("../sql/run/token/highest_shared_lease.sql"),
+            params: &[],
+        },
+    ),
+    (
+        c"resources",
+        Statement {
+            sql: include_str!("../sql/run/token/highest_resource.sql"),
+            params: &[],
+        },
+    ),
+    (
+        c"keepalives",
+        Statement {
+            sql: include_str!("../sql/run/token/highest_keepalive.sql"),
+            params: &[],
+        },
+    ),
+];
 
 /// `lockext.token_epoch` as the newest snapshot shows it.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct Row {
-    pub epoch: i64,
-    pub layout: Option<Layout>,
+    pub era: i64,
+    pub layout: Layout,
     /// Written by this transaction, which may still roll back.
     pub own: bool,
-    /// Written in another cluster: the row came with a dump from there.
-    pub foreign: bool,
-    /// The WAL timeline it was written on.
-    pub timeline: u32,
+    /// The system identifier of the cluster that wrote it.
+    pub system: u64,
 }
 
-fn read_row() -> Option<Row> {
-    let row = READ_ROW.read_latest(&[])?;
-    let xmin = row.get::<i64>("xmin").unwrap_or(0) as u32;
-    let system = unsafe { pg_sys::GetSystemIdentifier() } as i64;
-    Some(Row {
-        epoch: row.get::<i64>("epoch").unwrap_or(0),
-        layout: row.get::<i64>("layout").and_then(Layout::from_code),
-        own: unsafe { pg_sys::TransactionIdIsCurrentTransactionId(xmin.into()) },
-        foreign: row.get::<i64>("system_identifier") != Some(system),
-        timeline: row.get::<i64>("timeline").unwrap_or(0) as u32,
-    })
-}
-
-// Read under the newest snapshot (`read_latest`).
-static HIGHEST_KEPT: Statement = Statement {
-    sql: include_str!("../sql/run/token/highest_kept.sql"),
-    params: &[],
-};
-
-fn highest_kept() -> Option<i64> {
-    HIGHEST_KEPT.read_latest(&[])?.get::<i64>("highest")
-}
-
-/// What a new era is chosen from, besides the cluster record.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Found {
-    /// `lockext.token_epoch`, if any.
+/// What a database's tables say of the tokens its history handed out.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub struct Evidence {
     pub row: Option<Row>,
-    /// The highest token in lockext's tables, if any.
+    /// The highest token in lockext's tables.
     pub highest_kept: Option<i64>,
 }
 
-// ---- eras ----------------------------------------------------------------------------
-
-/// The layout and era a new history of this database starts with: see the module
-/// comment. A pure function of what is recorded, so it can be tested on its own.
-pub fn next_era(
-    record: &Record,
-    database: u32,
-    found: Found,
-    timeline: u32,
-) -> Result<(Layout, i64), LockError> {
-    let row = found.row;
-    let kept = found.highest_kept.map(|t| (Layout::of(t), t));
-    // Layout: 0.2.0's as soon as anything says it was used here (the row, this database's
-    // last history, any database of this cluster, a token in the tables), since a token
-    // must never go below one of its tokens; else the safe one.
-    let wide = row.and_then(|r| r.layout) == Some(Layout::Wide)
-        || record.current.get(&database).map(|c| c.layout) == Some(Layout::Wide.code())
-        || record.max.contains_key(&Layout::Wide.code())
-        || kept.map(|(layout, _)| layout) == Some(Layout::Wide);
-    let layout = if wide { Layout::Wide } else { Layout::Safe };
-    // The highest era that may have been used before, of this layout.
-    let mut base: Option<i64> = record.max.get(&layout.code()).copied();
-    if let Some(row) = row.filter(|row| row.layout.unwrap_or(layout) == layout) {
-        // The row can lag the era in force by one: its source may have started an era and
-        // handed out tokens in it before the row's write committed. A row from another
-        // cluster (a dump restored here) is therefore passed by two.
-        let lag = i64::from(row.foreign);
-        base = base.max(Some(row.epoch + lag));
-    }
-    if let Some((kept_layout, token)) = kept.filter(|(l, _)| *l == layout) {
-        base = base.max(Some(kept_layout.split(token).0));
-    }
-    let mut era = layout.floor(timeline).max(0);
-    if let Some(base) = base {
-        // A new timeline (a promotion, a point-in-time recovery) passes the base by one
-        // more per timeline it moved on: two branches recovered from one copy of this
-        // record get different timelines, so different eras; and a promoted standby also
-        // passes one era its old primary may have started without the standby seeing it.
-        let last_timeline = record
-            .current
-            .get(&database)
-            .map(|c| c.timeline)
-            .or(row.map(|r| r.timeline))
-            .unwrap_or(timeline);
-        let moved_on = i64::from(timeline.saturating_sub(last_timeline));
-        era = era.max(base + 1 + moved_on);
-    }
-    if era >= layout.era_limit() {
-        return Err(LockError::TokensExhausted { what: "era" });
-    }
-    Ok((layout, era))
+/// The oid of `lockext.<name>`, or None.
+fn relation(name: &CStr) -> Option<pg_sys::Oid> {
+    let oid = unsafe {
+        let schema = pg_sys::get_namespace_oid(c"lockext".as_ptr(), true);
+        if schema == pg_sys::InvalidOid {
+            return None;
+        }
+        pg_sys::get_relname_relid(name.as_ptr(), schema)
+    };
+    (oid != pg_sys::InvalidOid).then_some(oid)
 }
 
-/// The era in force for this history. When none is recorded yet: with `start`, starts one
-/// (recording it in the cluster record first); without, says which one would start.
-fn in_force(start: bool) -> Result<InForce, LockError> {
-    let history = History::now()?;
-    let version = eras::version();
-    if let Some(cached) = LOCAL
-        .with(|l| l.get())
-        .filter(|c| c.history == history && c.record == version)
-    {
-        return Ok(cached);
-    }
-    let found_in = |record: &Record| {
-        record
-            .current
-            .get(&history.database)
-            .filter(|c| history.matches(c))
-            .and_then(|c| Some((Layout::from_code(i64::from(c.layout))?, c.era)))
+fn read_row(epoch_table: pg_sys::Oid) -> Option<Row> {
+    let has_layout = unsafe { pg_sys::get_attnum(epoch_table, c"layout".as_ptr()) } > 0;
+    let row = if has_layout { &READ_ROW } else { &READ_ROW_0_2 }.read_latest(&[])?;
+    let xmin = row.get::<i64>("xmin").unwrap_or(0) as u32;
+    let era = row.get::<i64>("epoch").unwrap_or(0);
+    // 0.2.0's epochs are at least 4096 (its timeline in the high bits), beyond any era of
+    // the safe layout: such a row is 0.2.0's, whatever a restore put in its layout column.
+    let layout = match row.get::<i64>("layout").and_then(Layout::from_code) {
+        Some(Layout::Safe) if era < Layout::Safe.era_limit() => Layout::Safe,
+        _ => Layout::Wide,
     };
-    let record = eras::read()?;
-    let found = || Found {
-        row: read_row(),
-        highest_kept: highest_kept(),
-    };
-    // The version the cache will be checked against: the one read, or none when this
-    // backend rewrote the record just now (the next grant then reads it back once).
-    let mut read_version = version;
-    let (layout, era) = match found_in(&record) {
-        Some(known) => known,
-        None if !start => next_era(&record, history.database, found(), history.timeline)?,
-        None => {
-            read_version = None;
-            let found = found();
-            eras::update(|record| {
-                if let Some(known) = found_in(record) {
-                    return Ok(known); // another backend started it first
-                }
-                let (layout, era) = next_era(record, history.database, found, history.timeline)?;
-                let max = record.max.entry(layout.code()).or_insert(era);
-                *max = (*max).max(era);
-                record.current.insert(
-                    history.database,
-                    Current {
-                        layout: layout.code(),
-                        system: history.system,
-                        timeline: history.timeline,
-                        sequence: history.sequence.to_u32(),
-                        era,
-                    },
-                );
-                Ok((layout, era))
-            })?
-        }
-    };
-    let in_force = InForce {
-        history,
-        layout,
+    Some(Row {
         era,
-        row_confirmed: false,
-        record: read_version,
-    };
-    if start || found_in(&record).is_some() {
-        LOCAL.with(|l| l.set(Some(in_force)));
-    }
-    Ok(in_force)
+        layout,
+        own: unsafe { pg_sys::TransactionIdIsCurrentTransactionId(xmin.into()) },
+        system: row.get::<i64>("system_identifier").unwrap_or(0) as u64,
+    })
 }
 
-/// Makes `lockext.token_epoch` record the era in force, for dumps: a restore elsewhere
-/// then starts above it. Only one transaction writes it at a time (the others try again
-/// at their next grant); it counts as recorded once read back committed by another.
-fn record_row(client: &mut SpiClient<'_>, in_force: &InForce) -> Result<(), LockError> {
-    let row = read_row();
-    if let Some(row) = row {
-        if row.epoch >= in_force.era && row.layout == Some(in_force.layout) && !row.own {
-            LOCAL.with(|l| {
-                l.set(Some(InForce {
-                    row_confirmed: true,
-                    ..*in_force
-                }))
-            });
-            return Ok(());
+fn read_evidence(epoch_table: pg_sys::Oid) -> Evidence {
+    let highest_kept = HIGHEST_KEPT
+        .iter()
+        .filter(|(table, _)| relation(table).is_some())
+        .filter_map(|(_, statement)| statement.read_latest(&[])?.get::<i64>("highest"))
+        .max();
+    Evidence {
+        row: read_row(epoch_table),
+        highest_kept,
+    }
+}
+
+/// What the ledger must be raised to so that the next token is above every token that
+/// `evidence` says this database's history can have handed out; None when it already is.
+/// A pure function of its arguments, so it can be tested on its own.
+pub fn wanted(evidence: &Evidence, ledger: State, timeline: u32, system: u64) -> Option<State> {
+    let in_force = (ledger.layout != 0).then(|| (ledger.layout(), ledger.era(timeline)));
+    // Era `era` of `layout` must be passed: the state whose era on `timeline` is one above.
+    let above = |layout: Layout, era: i64| -> Option<State> {
+        match in_force {
+            Some((l, e)) if l == layout && e > era => None,
+            Some((Layout::Wide, _)) if layout == Layout::Safe => None,
+            _ => Some(State {
+                layout: layout.code(),
+                base: (era + 1 - layout.floor(timeline).max(0)).max(0),
+                reserved: 0,
+                timeline,
+            }),
         }
-        if row.own && row.epoch >= in_force.era {
-            return Ok(()); // written by this transaction already
+    };
+    let mut want: Option<State> = None;
+    let mut add = |s: Option<State>| {
+        if let Some(s) = s {
+            want = Some(match want {
+                Some(w) => w.merge(s, timeline),
+                None => s,
+            });
+        }
+    };
+    if let Some(row) = evidence.row {
+        // Written under this ledger: its era was in force then, and tokens since came from
+        // the ledger. Anything else (another cluster, a history before the ledger) is
+        // passed, and a row from another cluster by one more.
+        let ours = matches!(in_force, Some((l, e)) if l == row.layout && row.era <= e)
+            && row.system == system;
+        if !ours {
+            let lag = i64::from(row.system != system);
+            add(above(row.layout, row.era + lag));
+        }
+    }
+    if let Some(token) = evidence.highest_kept {
+        let layout = Layout::of(token);
+        let (era, counter) = layout.split(token);
+        match in_force {
+            // Same era: only the counter has to go past it.
+            Some((l, e)) if l == layout && e == era && counter > ledger.reserved => {
+                add(Some(State {
+                    reserved: counter,
+                    timeline,
+                    ..ledger
+                }))
+            }
+            Some((l, e)) if l == layout && e == era => {}
+            _ => add(above(layout, era)),
+        }
+    }
+    want
+}
+
+thread_local! {
+    // The installation whose evidence this backend adopted last: (database, the oid of its
+    // lockext.token_epoch). A reinstall or a restore makes a new table, so a new key. The
+    // ledger only rises, so evidence once adopted stays adopted.
+    static ADOPTED: Cell<Option<(u32, u32)>> = const { Cell::new(None) };
+    // The era whose epoch row this backend knows is committed, in this installation.
+    static ROW_CONFIRMED: Cell<Option<(u32, u32, i64, u8)>> = const { Cell::new(None) };
+}
+
+/// Raises the ledger above this database's evidence, once per installation per backend.
+/// Returns the oid of lockext.token_epoch.
+pub fn adopt() -> Result<pg_sys::Oid, LockError> {
+    let Some(epoch_table) = relation(c"token_epoch") else {
+        return Err(LockError::EraRecord {
+            detail: "lockext.token_epoch is missing".into(),
+        });
+    };
+    let key = (backend::database().to_u32(), epoch_table.to_u32());
+    if ADOPTED.with(|a| a.get()) == Some(key) {
+        return Ok(epoch_table);
+    }
+    let evidence = read_evidence(epoch_table);
+    let ledger = ledger::state()?;
+    let timeline = unsafe { pg_sys::GetWALInsertionTimeLine() };
+    let system = unsafe { pg_sys::GetSystemIdentifier() };
+    if let Some(want) = wanted(&evidence, ledger, timeline, system) {
+        ledger::raise(want)?;
+    }
+    ADOPTED.with(|a| a.set(Some(key)));
+    Ok(epoch_table)
+}
+
+/// Makes `lockext.token_epoch` record the era in force, for dumps and `pg_upgrade`: a
+/// history restored elsewhere then starts above it. Only one transaction writes it at a
+/// time (the others try again at their next grant); it counts as recorded once read back
+/// committed by another.
+fn record_row(
+    client: &mut SpiClient<'_>,
+    epoch_table: pg_sys::Oid,
+    layout: Layout,
+    era: i64,
+) -> Result<(), LockError> {
+    let key = (
+        backend::database().to_u32(),
+        epoch_table.to_u32(),
+        era,
+        layout.code(),
+    );
+    if ROW_CONFIRMED.with(|c| c.get()) == Some(key) {
+        return Ok(());
+    }
+    if let Some(row) = read_row(epoch_table) {
+        if row.era >= era && row.layout == layout {
+            if !row.own {
+                ROW_CONFIRMED.with(|c| c.set(Some(key)));
+            }
+            return Ok(());
         }
     }
     if crate::claims::try_claim_alone(EPOCH_CLAIM) {
-        let h = in_force.history;
-        let era =
-            i32::try_from(in_force.era).map_err(|_| LockError::TokensExhausted { what: "era" })?;
+        let era = i32::try_from(era).map_err(|_| LockError::TokensExhausted { what: "era" })?;
         WRITE_ROW.run(
             client,
             &[
                 era.into(),
-                i16::from(in_force.layout.code()).into(),
-                (h.system as i64).into(),
-                (h.timeline as i32).into(),
-                pg_sys::Oid::from(h.database).into(),
+                i16::from(layout.code()).into(),
+                (unsafe { pg_sys::GetSystemIdentifier() } as i64).into(),
+                (unsafe { pg_sys::GetWALInsertionTimeLine() } as i32).into(),
+                backend::database().into(),
             ],
         )?;
     }
     Ok(())
 }
 
+/// The era from which a WARNING says that eras are running out.
+const ERA_WARNING: i64 = 3840;
+
 // ---- minting ---------------------------------------------------------------------------
-
-/// The next counter value, on disk before it is returned (see the module comment): from
-/// shared memory when lockext is preloaded (`counter.rs`), else from the sequence.
-fn next_counter(client: &mut SpiClient<'_>, sequence: pg_sys::Oid) -> Result<i64, LockError> {
-    if settings::preloaded() {
-        return crate::counter::next(client, sequence);
-    }
-    unsafe {
-        // lockext's functions run as the extension's owner: no permission check to make.
-        let value = pg_sys::ffi::pg_guard_ffi_boundary(|| nextval_internal(sequence, false));
-        let lsn = sequence_page_lsn(sequence);
-        if lsn > pg_sys::GetFlushRecPtr(std::ptr::null_mut()) {
-            pg_sys::XLogFlush(lsn);
-        }
-        Ok(value)
-    }
-}
-
-// commands/sequence.h, which pgrx does not bind; called through pgrx's guard, so that its
-// ERROR (2200H at the sequence's MAXVALUE) unwinds as any other.
-unsafe extern "C-unwind" {
-    fn nextval_internal(relid: pg_sys::Oid, check_permissions: bool) -> i64;
-}
-
-/// The LSN of the sequence's page: of the WAL record that covers every value handed out so
-/// far, since nextval logs before it hands out a value the last record did not cover.
-unsafe fn sequence_page_lsn(sequence: pg_sys::Oid) -> u64 {
-    unsafe {
-        let rel = pg_sys::relation_open(sequence, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
-        let buffer = pg_sys::ReadBuffer(rel, 0);
-        pg_sys::LockBuffer(buffer, pg_sys::BUFFER_LOCK_SHARE as i32);
-        let header = pg_sys::BufferGetPage(buffer) as *const pg_sys::PageHeaderData;
-        let lsn = (u64::from((*header).pd_lsn.xlogid) << 32) | u64::from((*header).pd_lsn.xrecoff);
-        pg_sys::UnlockReleaseBuffer(buffer);
-        pg_sys::relation_close(rel, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
-        lsn
-    }
-}
 
 /// Mints one token for a grant. Call only once the grant is decided (past the lock id's
 /// gate, the lock found free, or inside the statement that grants: `grant_token`): a
 /// token minted and not used is only a gap.
 pub fn mint(client: &mut SpiClient<'_>) -> Result<i64, LockError> {
-    let in_force = in_force(true)?;
-    if !in_force.row_confirmed {
-        record_row(client, &in_force)?;
+    let epoch_table = adopt()?;
+    let (layout, era, token) = ledger::next_token()?;
+    if layout == Layout::Safe && era >= ERA_WARNING {
+        warn_eras_running_out(era);
     }
-    let counter = next_counter(client, in_force.history.sequence)?;
-    let token = in_force.layout.compose(in_force.era, counter)?;
+    record_row(client, epoch_table, layout, era)?;
     if settings::durability() == Durability::Grant {
         crate::commit::require_flush();
     }
     Ok(token)
+}
+
+fn warn_eras_running_out(era: i64) {
+    thread_local! { static WARNED: Cell<bool> = const { Cell::new(false) }; }
+    if !WARNED.with(|w| w.replace(true)) {
+        pgrx::warning!(
+            "lockext: token era {era} of {} is in force; each promotion or point-in-time \
+             recovery spends one, and at the last one grants fail (2200H): see README, \
+             \"Tokens\"",
+            Layout::Safe.era_limit() - 1
+        );
+    }
 }
 
 thread_local! {
@@ -518,30 +375,20 @@ fn grant_token() -> i64 {
 
 // ---- issued tokens -------------------------------------------------------------------
 
-/// The highest token that can have been handed out in this database: the era in force
-/// over the last counter value.
-pub fn highest_issued(client: &mut SpiClient<'_>) -> Result<i64, LockError> {
-    let in_force = in_force(false)?;
-    // Preloaded, the sequence holds a reservation ahead of the counter: the counter itself
-    // says what was handed out, once this server has handed out any (after a restart, the
-    // reservation is all there is, and every grant from then on is above it).
-    let kept = settings::preloaded()
-        .then(|| crate::counter::issued(in_force.history.sequence))
-        .flatten();
-    let counter = match kept {
-        Some(counter) => counter,
-        None => first_value::<i64>(LAST_COUNTER.run(client, &[])?)?.unwrap_or(0),
-    };
-    let max_counter = (1 << in_force.layout.counter_bits()) - 1;
-    in_force
-        .layout
-        .compose(in_force.era, counter.min(max_counter))
+/// The highest token that can have been handed out: the era in force over the last
+/// counter handed out, after adopting this database's evidence (a dump's tokens are
+/// issued ones once restored).
+pub fn highest_issued() -> Result<i64, LockError> {
+    if settings::preloaded() {
+        adopt()?;
+    }
+    Ok(ledger::highest_issued()?.unwrap_or(0))
 }
 
 /// Refuses a token that lockext never issued: a forged one would raise a resource's
 /// high-water mark past every real holder and lock them all out.
-pub fn require_issued(client: &mut SpiClient<'_>, token: i64) -> Result<(), LockError> {
-    let highest = highest_issued(client)?;
+pub fn require_issued(_client: &mut SpiClient<'_>, token: i64) -> Result<(), LockError> {
+    let highest = highest_issued()?;
     if token > highest {
         crate::stats::count(crate::stats::Counter::FenceForged);
         return Err(LockError::TokenNeverIssued { token, highest });
@@ -561,11 +408,19 @@ fn token_era() -> TableIterator<'static, (name!(layout, i32), name!(era, i32))> 
     crate::caller::as_member(|| {
         crate::backend::writable_server()?;
         Spi::connect_mut(|client| {
-            let in_force = in_force(true)?;
-            if !in_force.row_confirmed {
-                record_row(client, &in_force)?;
+            let epoch_table = adopt()?;
+            let state = ledger::state()?;
+            let timeline = unsafe { pg_sys::GetWALInsertionTimeLine() };
+            if state.layout == 0 {
+                // No token yet in this cluster: the first one's era, nothing to record.
+                return Ok::<_, LockError>((
+                    i32::from(Layout::Safe.code()),
+                    (timeline as i32 - 1).max(0),
+                ));
             }
-            Ok::<_, LockError>((i32::from(in_force.layout.code()), in_force.era as i32))
+            let era = state.era(timeline);
+            record_row(client, epoch_table, state.layout(), era)?;
+            Ok((i32::from(state.layout().code()), era as i32))
         })
     })
     .map(TableIterator::once)
@@ -580,6 +435,13 @@ fn token_era() -> TableIterator<'static, (name!(layout, i32), name!(era, i32))> 
 fn token_parts_0_3(
     fence_token: i64,
 ) -> TableIterator<'static, (name!(layout, i32), name!(era, i32), name!(counter, i64))> {
+    if fence_token <= 0 {
+        LockError::TokenNotPositive {
+            arg: "fence_token",
+            value: fence_token,
+        }
+        .report();
+    }
     let layout = Layout::of(fence_token);
     let (era, counter) = layout.split(fence_token);
     TableIterator::once((i32::from(layout.code()), era as i32, counter))

@@ -2,5 +2,5 @@
 -- wrote it.
 -- No parameters.
 SELECT epoch::bigint AS epoch, layout::bigint AS layout, xmin::text::bigint AS xmin,
-       system_identifier, timeline::bigint AS timeline
+       system_identifier
   FROM lockext.token_epoch

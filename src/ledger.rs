@@ -1,0 +1,633 @@
+//! The token ledger: the cluster's one record of how high tokens have gone, carried by the
+//! WAL.
+//!
+//! A token is an era over a counter (`token.rs`). Both parts are decided here, for the whole
+//! cluster, from three numbers and the server's WAL timeline:
+//!
+//! - `reserved`: the counter's reservation. Every counter this cluster handed out, in any
+//!   database, is at or below it. A counter is handed out only once a reservation at or
+//!   above it is on disk, so a crash, a restart or a failover never goes back below it.
+//! - `base` and `timeline`: the era in force is `layout.floor(current timeline) + base`.
+//!   A promotion or a point-in-time recovery moves the cluster to a new, higher timeline,
+//!   so the era rises by itself, with nothing to write first: a promoted standby's tokens
+//!   are above every token its old primary handed out, however many changes it missed.
+//!   `timeline` is the one the ledger was last written on: a ledger that finds itself on a
+//!   lower timeline (copied into a new cluster for `pg_upgrade`, which starts at timeline
+//!   1) moves `base` up so that the era never goes down.
+//! - `layout`: Safe (every token at most 2^53 - 1) or Wide (0.2.0's, above 2^55), once Wide
+//!   always Wide.
+//!
+//! **How it travels.** Every change is a WAL record of lockext's own resource manager
+//! (`RegisterCustomRmgr`, id `RMGR_ID`) carrying the whole new state, flushed before any
+//! token under it is handed out. A standby, a base backup being restored and an archive
+//! recovery replay those records; a crash recovery too. Because WAL before a checkpoint is
+//! not replayed again, the state is also kept in `pg_lockext/ledger` in the data directory,
+//! rewritten (temporary file, fsync, rename, fsync of the directory) after each record and
+//! before a checkpoint can pass the record (`DELAY_CHKPT_START`, as PostgreSQL does for its
+//! own state kept outside the WAL), and by the replay of each record. The file is a
+//! materialized view of the WAL: a base backup copies it (at least as new as the backup's
+//! start checkpoint) and replays the records after. A newer file than the WAL it is
+//! replayed with only makes tokens jump higher. Replaying merges (the maximum of each
+//! part), so a record replayed twice, or over a newer file, changes nothing.
+//!
+//! **What it does not carry**: a dump (`pg_dump` never copies it) and `pg_upgrade` (which
+//! copies relations only). For those, each database's tables carry evidence of the tokens
+//! its history handed out (`token.rs` adopts it: the era goes above it). A copy of the
+//! file is carried by hand into a new cluster made by `pg_upgrade` (docs/upgrading.md).
+//!
+//! The ledger needs lockext preloaded: a resource manager and shared memory exist only when
+//! the library is loaded at server start. Without it no token is minted (55000).
+
+use std::ffi::CStr;
+use std::fs::{self, File};
+use std::io::{ErrorKind, Write};
+use std::path::{Path, PathBuf};
+
+use pgrx::lwlock::PgLwLock;
+use pgrx::pg_sys;
+use pgrx::{pg_guard, pg_shmem_init, PGRXSharedMemory};
+
+use crate::error::LockError;
+use crate::settings;
+
+/// The highest token any layout hands out to a client that holds it in a double.
+pub const MAX_SAFE_TOKEN: i64 = (1 << 53) - 1;
+
+/// How a token is laid out: era over counter.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Layout {
+    /// 0.2.0's: a 20-bit epoch over a 43-bit counter; kept by installations upgraded from it.
+    Wide,
+    /// A 12-bit era over a 41-bit counter: every token fits in a double.
+    Safe,
+}
+
+impl Layout {
+    pub fn code(self) -> u8 {
+        match self {
+            Layout::Wide => 1,
+            Layout::Safe => 2,
+        }
+    }
+
+    pub fn from_code(code: i64) -> Option<Layout> {
+        match code {
+            1 => Some(Layout::Wide),
+            2 => Some(Layout::Safe),
+            _ => None,
+        }
+    }
+
+    /// The layout a token was minted in: every Wide token is above 2^55 (0.2.0's eras
+    /// started at 1), every Safe one at most 2^53 - 1.
+    pub fn of(token: i64) -> Layout {
+        if token > MAX_SAFE_TOKEN {
+            Layout::Wide
+        } else {
+            Layout::Safe
+        }
+    }
+
+    pub fn counter_bits(self) -> u32 {
+        match self {
+            Layout::Wide => 43,
+            Layout::Safe => 41,
+        }
+    }
+
+    /// One past the highest era.
+    pub fn era_limit(self) -> i64 {
+        match self {
+            Layout::Wide => 1 << 20,
+            Layout::Safe => 1 << 12,
+        }
+    }
+
+    /// The lowest era a history on this WAL timeline may use. Wide keeps 0.2.0's rule (its
+    /// era, the epoch's high 8 bits, at least the timeline).
+    pub fn floor(self, timeline: u32) -> i64 {
+        match self {
+            Layout::Wide => i64::from(timeline) << 12,
+            Layout::Safe => i64::from(timeline) - 1,
+        }
+    }
+
+    pub fn compose(self, era: i64, counter: i64) -> Result<i64, LockError> {
+        if counter >= 1 << self.counter_bits() {
+            return Err(LockError::TokensExhausted { what: "counter" });
+        }
+        if !(0..self.era_limit()).contains(&era) {
+            return Err(LockError::TokensExhausted { what: "era" });
+        }
+        Ok(era << self.counter_bits() | counter)
+    }
+
+    pub fn split(self, token: i64) -> (i64, i64) {
+        let bits = self.counter_bits();
+        (token >> bits, token & ((1 << bits) - 1))
+    }
+}
+
+/// lockext's custom WAL resource manager. 128 is reserved for extensions in development;
+/// this one is outside the ids listed as taken by other extensions when it was chosen.
+const RMGR_ID: u8 = 173;
+const RMGR_NAME: &CStr = c"lockext";
+/// The one record kind: "the ledger is now at least this". Resource managers own the high
+/// four bits of xl_info.
+const XLOG_LEDGER_RAISE: u8 = 0x10;
+
+/// How far ahead of what is handed out a reservation reaches: one WAL flush and one file
+/// rewrite per `BLOCK / 2` grants. After a crash the counter starts again at the
+/// reservation, leaving a gap of less than `BLOCK`.
+const BLOCK: i64 = 1024;
+
+const DIR: &str = "pg_lockext";
+const FILE: &str = "ledger";
+const HEADER: &str = "lockext-ledger 1";
+/// 0.3.0's record of eras (`max LAYOUT ERA` lines): read once, when a cluster upgraded from
+/// 0.3.0 has no ledger yet.
+const ERAS_0_3: &str = "eras";
+
+/// What the WAL and the file carry.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub struct State {
+    /// `Layout::code`; 0 for a ledger that has never been written.
+    pub layout: u8,
+    pub base: i64,
+    pub reserved: i64,
+    /// The WAL timeline the ledger was last written on.
+    pub timeline: u32,
+}
+
+impl State {
+    pub fn layout(&self) -> Layout {
+        Layout::from_code(i64::from(self.layout)).unwrap_or(Layout::Safe)
+    }
+
+    /// The era in force on `timeline`.
+    pub fn era(&self, timeline: u32) -> i64 {
+        self.layout().floor(timeline).max(0) + self.base
+    }
+
+    /// The same era on `timeline` as this state has on the one it was written on, or a
+    /// higher one: a timeline lower than the ledger's (a new cluster) must not lower it.
+    pub fn moved_to(self, timeline: u32) -> State {
+        if timeline >= self.timeline {
+            return self;
+        }
+        let layout = self.layout();
+        let lost = layout.floor(self.timeline).max(0) - layout.floor(timeline).max(0);
+        State {
+            base: self.base + lost + 1,
+            timeline,
+            ..self
+        }
+    }
+
+    /// The state at least as high as both: Wide beats Safe (every Wide token is above every
+    /// Safe one), else the higher era and the higher reservation.
+    pub fn merge(self, other: State, timeline: u32) -> State {
+        let (a, b) = (self.moved_to(timeline), other.moved_to(timeline));
+        if a.layout == 0 {
+            return b;
+        }
+        if b.layout == 0 {
+            return a;
+        }
+        if a.layout != b.layout {
+            // The era base is the Wide one's; the counter is one for both layouts, so its
+            // reservation is the higher one.
+            let wide = if a.layout() == Layout::Wide { a } else { b };
+            return State {
+                reserved: a.reserved.max(b.reserved),
+                timeline: a.timeline.max(b.timeline),
+                ..wide
+            };
+        }
+        State {
+            layout: a.layout,
+            base: a.base.max(b.base),
+            reserved: a.reserved.max(b.reserved),
+            timeline: a.timeline.max(b.timeline),
+        }
+    }
+
+    fn encode(&self) -> [u8; 24] {
+        let mut out = [0u8; 24];
+        out[0] = self.layout;
+        out[4..8].copy_from_slice(&self.timeline.to_le_bytes());
+        out[8..16].copy_from_slice(&self.base.to_le_bytes());
+        out[16..24].copy_from_slice(&self.reserved.to_le_bytes());
+        out
+    }
+
+    fn decode(bytes: &[u8]) -> Option<State> {
+        let b: &[u8; 24] = bytes.get(..24)?.try_into().ok()?;
+        Some(State {
+            layout: b[0],
+            timeline: u32::from_le_bytes(b[4..8].try_into().ok()?),
+            base: i64::from_le_bytes(b[8..16].try_into().ok()?),
+            reserved: i64::from_le_bytes(b[16..24].try_into().ok()?),
+        })
+    }
+
+    pub fn render(&self) -> String {
+        format!(
+            "{HEADER}\nlayout {}\nbase {}\nreserved {}\ntimeline {}\n",
+            self.layout, self.base, self.reserved, self.timeline
+        )
+    }
+
+    pub fn parse(text: &str) -> Result<State, String> {
+        let mut lines = text.lines();
+        if lines.next() != Some(HEADER) {
+            return Err(format!("the first line is not \"{HEADER}\""));
+        }
+        let mut state = State::default();
+        let mut seen = 0;
+        for line in lines.filter(|l| !l.trim().is_empty()) {
+            let bad = || format!("line not understood: {line:?}");
+            let (key, value) = line.split_once(' ').ok_or_else(bad)?;
+            match key {
+                "layout" => state.layout = value.parse().map_err(|_| bad())?,
+                "base" => state.base = value.parse().map_err(|_| bad())?,
+                "reserved" => state.reserved = value.parse().map_err(|_| bad())?,
+                "timeline" => state.timeline = value.parse().map_err(|_| bad())?,
+                _ => return Err(bad()),
+            }
+            seen += 1;
+        }
+        let valid = seen == 4
+            && Layout::from_code(i64::from(state.layout)).is_some()
+            && (0..1 << 20).contains(&state.base)
+            && state.reserved >= 0
+            && state.timeline >= 1;
+        if !valid {
+            return Err("a value is missing or out of range".into());
+        }
+        Ok(state)
+    }
+}
+
+#[derive(Clone, Copy, Default)]
+pub struct Shared {
+    /// The file has been read into `state` since the server started.
+    loaded: bool,
+    state: State,
+    /// The last counter handed out, once this server has handed out one since it started
+    /// (or since the last replayed record); before that the counter starts at `reserved`.
+    issued: Option<i64>,
+}
+
+// Plain numbers only, no pointers: safe to place in shared memory.
+unsafe impl PGRXSharedMemory for Shared {}
+
+static LEDGER: PgLwLock<Shared> = unsafe { PgLwLock::new(c"lockext_token_ledger") };
+
+pub fn init_shared_memory() {
+    pg_shmem_init!(LEDGER);
+}
+
+/// Registers the resource manager: only while shared_preload_libraries is processed.
+pub fn register_rmgr() {
+    // In the postmaster's memory, which every server process inherits.
+    let rmgr = Box::leak(Box::new(pg_sys::RmgrData {
+        rm_name: RMGR_NAME.as_ptr(),
+        rm_redo: Some(ledger_redo),
+        rm_desc: Some(ledger_desc),
+        rm_identify: Some(ledger_identify),
+        rm_startup: None,
+        rm_cleanup: None,
+        rm_mask: None,
+        rm_decode: None,
+    }));
+    unsafe { pg_sys::RegisterCustomRmgr(RMGR_ID, rmgr) };
+}
+
+fn failed(what: &str, e: impl std::fmt::Display) -> LockError {
+    LockError::EraRecord {
+        detail: format!("{what}: {e}"),
+    }
+}
+
+fn dir() -> PathBuf {
+    let data = unsafe { CStr::from_ptr(pg_sys::DataDir) };
+    PathBuf::from(data.to_string_lossy().into_owned()).join(DIR)
+}
+
+/// The timeline this server writes WAL on. Not during recovery: the redo function uses
+/// its record's.
+fn timeline_now() -> u32 {
+    unsafe { pg_sys::GetWALInsertionTimeLine() }
+}
+
+/// The ledger file as it is on disk; None if there is none.
+pub fn read_file() -> Result<Option<State>, LockError> {
+    let path = dir().join(FILE);
+    match fs::read_to_string(&path) {
+        Ok(text) => State::parse(&text)
+            .map(Some)
+            .map_err(|e| failed(&path.display().to_string(), e)),
+        Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(failed(&format!("cannot read {}", path.display()), e)),
+    }
+}
+
+/// 0.3.0's record of eras, as the ledger it implies: an era above every era 0.3.0 used in
+/// this cluster, in the highest layout it used.
+fn from_eras_0_3(timeline: u32) -> Result<Option<State>, LockError> {
+    let path = dir().join(ERAS_0_3);
+    let text = match fs::read_to_string(&path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(failed(&format!("cannot read {}", path.display()), e)),
+    };
+    let mut highest: Option<(Layout, i64)> = None;
+    for line in text.lines() {
+        let words: Vec<&str> = line.split_ascii_whitespace().collect();
+        if let ["max", layout, era] = words[..] {
+            let bad = || failed(&path.display().to_string(), format!("bad line {line:?}"));
+            let layout = layout
+                .parse::<i64>()
+                .ok()
+                .and_then(Layout::from_code)
+                .ok_or_else(bad)?;
+            let era = era.parse::<i64>().map_err(|_| bad())?;
+            highest = match highest {
+                Some((Layout::Wide, _)) if layout == Layout::Safe => highest,
+                Some((l, e)) if l == layout => Some((l, e.max(era))),
+                _ => Some((layout, era)),
+            };
+        }
+    }
+    Ok(highest.map(|(layout, era)| State {
+        layout: layout.code(),
+        base: (era + 1 - layout.floor(timeline).max(0)).max(0),
+        reserved: 0,
+        timeline,
+    }))
+}
+
+/// Reads the file into shared memory once per server start (and merges, since a replayed
+/// record may already be there).
+fn load(shared: &mut Shared, timeline: u32) -> Result<(), LockError> {
+    if shared.loaded {
+        return Ok(());
+    }
+    let on_disk = match read_file()? {
+        Some(state) => Some(state),
+        None => from_eras_0_3(timeline)?,
+    };
+    if let Some(state) = on_disk {
+        shared.state = shared.state.merge(state, timeline);
+    }
+    shared.loaded = true;
+    Ok(())
+}
+
+/// Writes the state durably: a temporary file, fsync, rename, fsync of the directory (and
+/// of the data directory, the first time the directory is made).
+fn write_file(state: &State) -> Result<(), LockError> {
+    let dir = dir();
+    let made = !dir.exists();
+    let path = dir.join(FILE);
+    let write = || -> std::io::Result<()> {
+        if made {
+            fs::create_dir_all(&dir)?;
+        }
+        let tmp = dir.join(format!("{FILE}.tmp"));
+        let mut f = File::create(&tmp)?;
+        f.write_all(state.render().as_bytes())?;
+        f.sync_all()?;
+        fs::rename(&tmp, &path)?;
+        File::open(&dir)?.sync_all()?;
+        if made {
+            File::open(dir.parent().unwrap_or(Path::new(".")))?.sync_all()?;
+        }
+        Ok(())
+    };
+    write().map_err(|e| failed(&format!("cannot write {}", path.display()), e))
+}
+
+/// Clears `DELAY_CHKPT_START` when dropped, on every path out.
+struct CheckpointHeld;
+
+impl CheckpointHeld {
+    fn new() -> CheckpointHeld {
+        unsafe { (*pg_sys::MyProc).delayChkptFlags |= pg_sys::DELAY_CHKPT_START as i32 };
+        CheckpointHeld
+    }
+}
+
+impl Drop for CheckpointHeld {
+    fn drop(&mut self) {
+        unsafe { (*pg_sys::MyProc).delayChkptFlags &= !(pg_sys::DELAY_CHKPT_START as i32) };
+    }
+}
+
+/// Makes `next` the ledger: a WAL record, flushed, then the file, both before a checkpoint
+/// can complete past the record; then shared memory. Call with the ledger locked.
+fn write(shared: &mut Shared, next: State) -> Result<(), LockError> {
+    let bytes = next.encode();
+    {
+        let _held = CheckpointHeld::new();
+        unsafe {
+            pg_sys::XLogBeginInsert();
+            pg_sys::XLogRegisterData(
+                bytes.as_ptr() as *mut std::os::raw::c_char,
+                bytes.len() as i32,
+            );
+            let lsn = pg_sys::XLogInsert(RMGR_ID, XLOG_LEDGER_RAISE);
+            pg_sys::XLogFlush(lsn);
+        }
+        write_file(&next)?;
+    }
+    shared.state = next;
+    Ok(())
+}
+
+/// The ledger's state now, read from the file if this server has not yet.
+pub fn state() -> Result<State, LockError> {
+    require_preloaded()?;
+    {
+        let shared = LEDGER.share();
+        if shared.loaded {
+            return Ok(shared.state);
+        }
+    }
+    let mut shared = LEDGER.exclusive();
+    load(&mut shared, timeline_now())?;
+    Ok(shared.state)
+}
+
+fn require_preloaded() -> Result<(), LockError> {
+    if !settings::preloaded() {
+        return Err(LockError::LedgerNeedsPreload);
+    }
+    Ok(())
+}
+
+/// The state read from disk only, for a backend of a server that did not preload lockext
+/// (fence checks still need to know what was issued).
+pub fn state_unpreloaded() -> Result<Option<State>, LockError> {
+    let timeline = timeline_now();
+    Ok(match read_file()? {
+        Some(state) => Some(state.moved_to(timeline)),
+        None => from_eras_0_3(timeline)?,
+    })
+}
+
+/// Raises the ledger to at least `wanted` (merged, never lowered), on disk before it
+/// returns. Returns the state in force.
+pub fn raise(wanted: State) -> Result<State, LockError> {
+    require_preloaded()?;
+    let timeline = timeline_now();
+    let mut shared = LEDGER.exclusive();
+    load(&mut shared, timeline)?;
+    let current = shared.state;
+    let next = current.merge(wanted, timeline);
+    if next != current {
+        let next = State { timeline, ..next };
+        check_era(&next, timeline)?;
+        write(&mut shared, next)?;
+        if next.reserved > current.reserved {
+            // Counters below a raised reservation may have been handed out elsewhere.
+            shared.issued = None;
+        }
+    }
+    Ok(shared.state)
+}
+
+fn check_era(state: &State, timeline: u32) -> Result<(), LockError> {
+    if state.era(timeline) >= state.layout().era_limit() {
+        return Err(LockError::TokensExhausted { what: "era" });
+    }
+    Ok(())
+}
+
+/// The next token: the era in force over the next counter, the counter on disk first.
+pub fn next_token() -> Result<(Layout, i64, i64), LockError> {
+    require_preloaded()?;
+    let timeline = timeline_now();
+    let mut shared = LEDGER.exclusive();
+    load(&mut shared, timeline)?;
+    if shared.state.layout == 0 {
+        // The first token of a cluster that never had one: Safe, era from the timeline.
+        let first = State {
+            layout: Layout::Safe.code(),
+            base: 0,
+            reserved: 0,
+            timeline,
+        };
+        write(&mut shared, first)?;
+    }
+    let layout = shared.state.layout();
+    let max_counter = (1i64 << layout.counter_bits()) - 1;
+    let issued = shared.issued.unwrap_or(shared.state.reserved);
+    if issued >= max_counter {
+        return Err(LockError::TokensExhausted { what: "counter" });
+    }
+    let counter = issued + 1;
+    if counter > shared.state.reserved || shared.state.timeline != timeline {
+        // Reserve ahead (a timeline change is written too, so that the file says which
+        // timeline its era was last in force on).
+        let next = State {
+            reserved: (counter + BLOCK).min(max_counter),
+            timeline,
+            ..shared.state
+        };
+        check_era(&next, timeline)?;
+        write(&mut shared, next)?;
+    }
+    let era = shared.state.era(timeline);
+    let token = layout.compose(era, counter)?;
+    shared.issued = Some(counter);
+    Ok((layout, era, token))
+}
+
+/// The highest token this cluster can have handed out: the era in force over the last
+/// counter handed out (the reservation, before this server has handed out any).
+pub fn highest_issued() -> Result<Option<i64>, LockError> {
+    crate::backend::writable_server()?;
+    let timeline = timeline_now();
+    let (state, issued) = if settings::preloaded() {
+        let state = state()?;
+        let issued = LEDGER.share().issued;
+        (Some(state), issued)
+    } else {
+        (state_unpreloaded()?, None)
+    };
+    let Some(state) = state.filter(|s| s.layout != 0) else {
+        return Ok(None);
+    };
+    let layout = state.layout();
+    let counter = issued
+        .unwrap_or(state.reserved)
+        .min((1 << layout.counter_bits()) - 1);
+    let era = state.era(timeline).min(layout.era_limit() - 1);
+    layout.compose(era, counter).map(Some)
+}
+
+// ---- the resource manager's callbacks -------------------------------------------------
+
+/// The record's data: `XLogRecGetData`, which pgrx does not bind (a macro).
+unsafe fn record_data(record: *mut pg_sys::XLogReaderState) -> &'static [u8] {
+    unsafe {
+        let decoded = (*record).record;
+        if decoded.is_null() || (*decoded).main_data.is_null() {
+            return &[];
+        }
+        std::slice::from_raw_parts(
+            (*decoded).main_data as *const u8,
+            (*decoded).main_data_len as usize,
+        )
+    }
+}
+
+/// Replays a raise: shared memory and the file become at least the record's state. Run by
+/// the startup process (crash recovery, a standby, an archive recovery).
+#[pg_guard]
+unsafe extern "C-unwind" fn ledger_redo(record: *mut pg_sys::XLogReaderState) {
+    let Some(state) = (unsafe { State::decode(record_data(record)) }) else {
+        pgrx::error!("lockext: a ledger record of the wrong size");
+    };
+    let timeline = state.timeline;
+    let mut shared = LEDGER.exclusive();
+    if let Err(e) = load(&mut shared, timeline) {
+        pgrx::error!("lockext: {e}");
+    }
+    let next = shared.state.merge(state, timeline);
+    if next != shared.state {
+        if let Err(e) = write_file(&next) {
+            pgrx::error!("lockext: {e}");
+        }
+        shared.state = next;
+    }
+    // Nothing replayed was handed out by this server: its counter starts at the reservation.
+    shared.issued = None;
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn ledger_desc(
+    buf: pg_sys::StringInfo,
+    record: *mut pg_sys::XLogReaderState,
+) {
+    if let Some(state) = unsafe { State::decode(record_data(record)) } {
+        let text = format!(
+            "layout {} base {} reserved {} timeline {}",
+            state.layout, state.base, state.reserved, state.timeline
+        );
+        if let Ok(text) = std::ffi::CString::new(text) {
+            unsafe { pg_sys::appendStringInfoString(buf, text.as_ptr()) };
+        }
+    }
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn ledger_identify(info: u8) -> *const std::os::raw::c_char {
+    if info & !(pg_sys::XLR_INFO_MASK as u8) == XLOG_LEDGER_RAISE {
+        c"RAISE".as_ptr()
+    } else {
+        std::ptr::null()
+    }
+}

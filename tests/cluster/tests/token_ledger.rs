@@ -1,0 +1,536 @@
+//! The token ledger through every way the history of a cluster can change, on real
+//! clusters (docs/tokens.md, "The proof", names the test of each row).
+//!
+//! The contract, tested only through SQL: every token handed out is higher than every
+//! token any client saw before it, and at most 2^53 - 1. Each test prints the numbers it
+//! compares, checks them all, and then fails with the list of what did not hold. The
+//! first three are the third review's findings on 0.3.0: a promoted asynchronous standby,
+//! a point-in-time recovery and `pg_resetwal` each handed out tokens again.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use lockext_cluster_tests::checks::*;
+use lockext_cluster_tests::crash::*;
+use lockext_cluster_tests::*;
+
+const WITHIN: Duration = Duration::from_secs(60);
+
+/// Makes a directory the `postgres` OS user owns.
+fn postgres_dir(path: &Path) {
+    let _ = fs::remove_dir_all(path);
+    fs::create_dir_all(path).expect("create dir");
+    std::process::Command::new("chown")
+        .args(["-R", "postgres:postgres"])
+        .arg(path)
+        .status()
+        .expect("chown");
+}
+
+/// Removes a directory when dropped (a WAL archive shared by several clusters).
+struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            let _ = fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+/// Runs each `;`-separated statement on its own (ALTER SYSTEM, DROP DATABASE and CREATE
+/// DATABASE refuse to run inside one multi-statement batch).
+fn sql(c: &mut Client, text: &str) {
+    for statement in text.split(';').map(str::trim).filter(|s| !s.is_empty()) {
+        c.batch_execute(statement).unwrap_or_else(|e| {
+            let why = e
+                .as_db_error()
+                .map(|d| d.message().to_string())
+                .unwrap_or_else(|| e.to_string());
+            panic!("{statement}: {why}")
+        });
+    }
+}
+
+/// Starts `standby` as a server of its own: no primary to stream from, then promoted.
+fn promote_alone(standby: &Cluster) -> Client {
+    let auto = standby.data().join("postgresql.auto.conf");
+    let text = fs::read_to_string(&auto).unwrap_or_default();
+    let kept: Vec<&str> = text
+        .lines()
+        .filter(|l| !l.starts_with("primary_conninfo"))
+        .collect();
+    fs::write(&auto, kept.join("\n") + "\n").expect("rewrite postgresql.auto.conf");
+    standby.pg_ctl("start -w -t 60");
+    standby.pg_ctl("promote -w -t 60");
+    wait_for_primary(standby, WITHIN)
+}
+
+/// Finding 1 of the third review, as it was found: the standby replayed `CREATE DATABASE
+/// fx; CREATE EXTENSION lockext` and stopped; the primary then granted three leases in
+/// fx, acknowledged and durable, and died (kill -9). The promoted standby handed out the
+/// same three tokens again. Variants: the standby replayed a reinstall and missed only the
+/// first grants after it; a synchronous standby (it missed nothing acknowledged); a
+/// cascaded standby (streaming from a standby) that missed the grants.
+#[test]
+fn a_promoted_standby_that_missed_grants_hands_out_none_of_them_again() {
+    let mut checks = Checks::new("Failover, missed grants");
+    for variant in ["new database", "reinstall", "synchronous", "cascaded"] {
+        let tag = variant.replace(' ', "-");
+        let primary = Cluster::start(&format!("ledger-fo-{tag}"), "");
+        let mut p = primary.connect();
+        sql(&mut p, "CREATE DATABASE app");
+        let mut app = primary.connect_to("app");
+        sql(&mut app, "CREATE EXTENSION lockext");
+        let mut seen = grant_many(&mut app, "app", 1);
+        let db = if variant == "reinstall" {
+            seen.extend(grant_many(&mut app, "before-reinstall", 2));
+            "app"
+        } else {
+            sql(&mut p, "CREATE DATABASE fx");
+            let mut fx = primary.connect_to("fx");
+            sql(&mut fx, "CREATE EXTENSION lockext");
+            "fx"
+        };
+
+        let standby = base_backup(
+            &primary,
+            &format!("ledger-fo-standby-{tag}"),
+            "-R",
+            "hot_standby = on",
+        );
+        standby.pg_ctl("start -w -t 60");
+        let mut s = standby.reconnect(WITHIN);
+        if variant == "synchronous" {
+            // Every commit from here on waits for the standby to have it.
+            sql(
+                &mut p,
+                "ALTER SYSTEM SET synchronous_standby_names = '*'; SELECT pg_reload_conf()",
+            );
+            eventually(WITHIN, "the standby is synchronous", || {
+                p.query_one(
+                    "SELECT count(*) FROM pg_stat_replication WHERE sync_state = 'sync'",
+                    &[],
+                )
+                .ok()?
+                .get::<_, i64>(0)
+                .eq(&1)
+                .then_some(())
+            });
+        }
+        // The one that will be promoted: the standby, or one streaming from it.
+        let cascaded = (variant == "cascaded").then(|| {
+            let c = base_backup(
+                &standby,
+                &format!("ledger-fo-cascaded-{tag}"),
+                "-R",
+                "hot_standby = on",
+            );
+            c.pg_ctl("start -w -t 60");
+            c
+        });
+        if variant == "reinstall" {
+            sql(&mut app, "DROP EXTENSION lockext; CREATE EXTENSION lockext");
+        }
+        let lsn: String = p
+            .query_one("SELECT pg_current_wal_lsn()::text", &[])
+            .unwrap()
+            .get(0);
+        wait_for_replay(&mut s, &lsn, WITHIN);
+        let target = cascaded.as_ref().unwrap_or(&standby);
+        let mut t = target.reconnect(WITHIN);
+        wait_for_replay(&mut t, &lsn, WITHIN);
+        drop(t);
+        drop(s);
+        if variant != "synchronous" {
+            // Falls behind: it replays nothing more from here on.
+            target.pg_ctl("stop -m fast -w -t 60");
+        }
+
+        // Acknowledged and durable on the primary (and, synchronous, on the standby).
+        let mut c = primary.connect_to(db);
+        let missed = grant_many(&mut c, "w", 3);
+        drop(c);
+        drop(app);
+        drop(p);
+        kill_server(&primary);
+
+        let mut promoted = if variant == "synchronous" {
+            standby.pg_ctl("promote -w -t 60");
+            wait_for_primary(&standby, WITHIN)
+        } else {
+            if cascaded.is_some() {
+                standby.pg_ctl("stop -m immediate -w -t 60");
+            }
+            promote_alone(target)
+        };
+        let tl = timeline(&mut promoted);
+        println!(
+            "Failover, {variant}: the promoted server's ledger: {:?}",
+            fs::read_to_string(target.data().join("pg_lockext/ledger"))
+        );
+        let mut on_new = target.connect_to(db);
+        // New lock ids: a synchronous standby has the primary's leases, and the same owner
+        // asking again for one of them gets that grant back, not a new token.
+        let after = grant_many(&mut on_new, "promoted", 3);
+        println!(
+            "Failover, {variant}: before {seen:?}, then {missed:?} (eras {:?}) on the primary; \
+             promoted (timeline {tl}) {after:?} (eras {:?})",
+            eras(&missed),
+            eras(&after)
+        );
+        seen.extend(&missed);
+        checks.above(
+            &format!("{variant}: the promoted standby, against every acknowledged token"),
+            &after,
+            &seen,
+        );
+        seen.extend(&after);
+        checks.in_range(&format!("{variant}: every token"), &seen);
+    }
+    checks.finish();
+}
+
+/// A dump restored into another cluster: that cluster's ledger knows nothing of the
+/// dump's history, so it adopts it. Its first tokens are above every token in the dump and
+/// above the dumped era, even when the other cluster's ledger is far behind (a fresh
+/// cluster) or was never written.
+#[test]
+fn a_dump_restored_into_another_cluster_starts_above_it() {
+    let mut checks = Checks::new("Restore into another cluster");
+    let source = Cluster::start("ledger-dump-source", "");
+    let mut s = source.connect();
+    // A source in a later era than the target: a second timeline, by a promotion.
+    let standby = base_backup(&source, "ledger-dump-source2", "-R", "hot_standby = on");
+    drop(s);
+    source.pg_ctl("stop -m fast -w -t 60");
+    let mut s = promote_alone(&standby);
+    sql(&mut s, "CREATE DATABASE app");
+    let mut app = standby.connect_to("app");
+    sql(&mut app, "CREATE EXTENSION lockext");
+    let seen = grant_many(&mut app, "d", 5);
+    sql(
+        &mut app,
+        &format!(
+            "SELECT lockext.fence('res', {})",
+            seen.last().expect("a token")
+        ),
+    );
+    let file = standby.dir.join("app.dump");
+    pg_dump(&standby, "app", &file);
+    println!(
+        "Restore into another cluster: dumped {seen:?} (eras {:?})",
+        eras(&seen)
+    );
+
+    let target = Cluster::start("ledger-dump-target", "");
+    let mut t = target.connect();
+    let before = grant_many(&mut t, "target", 1);
+    createdb(&target, "app");
+    pg_restore(&target, "app", &file, "");
+    let mut ta = target.connect_to("app");
+    let after = grant_many(&mut ta, "after", 3);
+    let other_db = grant_many(&mut t, "target-after", 1);
+    println!(
+        "Restore into another cluster: the target had {before:?}; after the restore {after:?} \
+         (eras {:?}), in its other database {other_db:?}",
+        eras(&after)
+    );
+    checks.above(
+        "the restored database's grants, against the dump's",
+        &after,
+        &seen,
+    );
+    checks.above("and against the target's own", &after, &before);
+    checks.above(
+        "the target's other database, against its own earlier grants",
+        &other_db,
+        &before,
+    );
+    let (dumped_era, new_era) = (era_of(seen[0]), era_of(after[0]));
+    checks.check(
+        new_era >= dumped_era + 2,
+        format!("the new era {new_era} passes the dumped era {dumped_era} by two or more"),
+    );
+    let accepted: bool = ta
+        .query_one(
+            "SELECT lockext.fenced_update('res', $1, '{}'::jsonb)",
+            &[&after[0]],
+        )
+        .map(|r| r.get(0))
+        .unwrap_or(false);
+    checks.check(
+        accepted,
+        "the restored resource accepts the new holder's token".to_string(),
+    );
+    checks.finish();
+}
+
+/// A copy of the base backup `backup` (not started), as a cluster of its own.
+fn copy_of(backup: &Cluster, name: &str, extra_conf: &str) -> Cluster {
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a port");
+        l.local_addr().expect("local addr").port()
+    };
+    let dir = PathBuf::from(format!("/tmp/lockext-tests/{name}-{port}"));
+    let _ = fs::remove_dir_all(&dir);
+    fs::create_dir_all(&dir).expect("create the copy's dir");
+    std::process::Command::new("cp")
+        .args(["-a"])
+        .arg(backup.data())
+        .arg(dir.join("data"))
+        .status()
+        .expect("cp -a");
+    std::process::Command::new("chown")
+        .args(["-R", "postgres:postgres"])
+        .arg(&dir)
+        .status()
+        .expect("chown");
+    let conf = dir.join("data/postgresql.conf");
+    let mut text = fs::read_to_string(&conf).expect("read postgresql.conf");
+    text.push_str(&format!(
+        "\n# {name}\nport = {port}\nunix_socket_directories = '{}'\n{extra_conf}\n",
+        dir.display()
+    ));
+    fs::write(&conf, text).expect("write postgresql.conf");
+    Cluster {
+        name: name.to_string(),
+        port,
+        dir,
+    }
+}
+
+/// Every restore point of a history with reinstalls, new databases and a database dropped
+/// and made again between them: recovered to each point from one base backup and promoted
+/// (as an asynchronous standby that missed everything after that point would be), the new
+/// server's tokens are above every token the primary handed out, before the point and
+/// after it. The third review found PITR to a point before a new database's first grants
+/// handing those tokens out again.
+#[test]
+fn recovery_to_every_restore_point_hands_out_no_token_again() {
+    let mut checks = Checks::new("PITR to every restore point");
+    let arch = PathBuf::from(format!(
+        "/tmp/lockext-tests/ledger-pitr-archive-{}",
+        std::process::id()
+    ));
+    postgres_dir(&arch);
+    let _arch_guard = RemoveOnDrop(arch.clone());
+    let archive_conf = format!(
+        "archive_mode = on\narchive_command = 'test ! -f {0}/%f && cp %p {0}/%f'\n",
+        arch.display()
+    );
+    let primary = Cluster::start("ledger-pitr-primary", &archive_conf);
+    let mut p = primary.connect();
+    let mut seen = grant_many(&mut p, "g0", 2);
+    let backup = base_backup(&primary, "ledger-pitr-base", "", "");
+
+    // (restore point, what happened before it). Each step's grants are acknowledged.
+    let mut points: Vec<(String, Vec<&str>)> = Vec::new();
+    let mut point = |p: &mut Client, name: &str, dbs: Vec<&'static str>| {
+        sql(p, &format!("SELECT pg_create_restore_point('{name}')"));
+        points.push((name.to_string(), dbs));
+    };
+    point(&mut p, "rp0", vec!["postgres"]);
+    seen.extend(grant_many(&mut p, "g1", 2));
+    point(&mut p, "rp1", vec!["postgres"]);
+    sql(&mut p, "CREATE DATABASE px");
+    let mut px = primary.connect_to("px");
+    sql(&mut px, "CREATE EXTENSION lockext");
+    point(&mut p, "rp2", vec!["postgres", "px"]);
+    seen.extend(grant_many(&mut px, "x1", 3));
+    point(&mut p, "rp3", vec!["postgres", "px"]);
+    sql(&mut p, "DROP EXTENSION lockext; CREATE EXTENSION lockext");
+    point(&mut p, "rp4", vec!["postgres", "px"]);
+    seen.extend(grant_many(&mut p, "g2", 2));
+    point(&mut p, "rp5", vec!["postgres", "px"]);
+    drop(px);
+    sql(&mut p, "DROP DATABASE px WITH (FORCE); CREATE DATABASE px");
+    let mut px = primary.connect_to("px");
+    sql(&mut px, "CREATE EXTENSION lockext");
+    seen.extend(grant_many(&mut px, "x2", 2));
+    point(&mut p, "rp6", vec!["postgres", "px"]);
+    seen.extend(grant_many(&mut p, "g3", 3));
+    seen.extend(grant_many(&mut px, "x3", 3));
+    let segment: String = p
+        .query_one("SELECT pg_walfile_name(pg_switch_wal())", &[])
+        .unwrap()
+        .get(0);
+    eventually(WITHIN, &format!("the primary archives {segment}"), || {
+        p.query_one(
+            "SELECT coalesce(last_archived_wal >= $1, false) FROM pg_stat_archiver",
+            &[&segment],
+        )
+        .ok()?
+        .get::<_, bool>(0)
+        .then_some(())
+    });
+    println!(
+        "PITR: the primary's tokens {seen:?} (eras {:?})",
+        eras(&seen)
+    );
+    drop(px);
+    drop(p);
+    primary.pg_ctl("stop -m fast -w -t 60");
+
+    for (name, dbs) in &points {
+        let copy = copy_of(
+            &backup,
+            &format!("ledger-pitr-{name}"),
+            &format!(
+                "restore_command = 'cp {}/%f %p'\nrecovery_target_name = '{name}'\n\
+                 recovery_target_action = 'promote'\n",
+                arch.display()
+            ),
+        );
+        as_postgres(&format!("touch {}/recovery.signal", copy.data().display()));
+        copy.pg_ctl("start -w -t 60");
+        let mut c = wait_for_primary(&copy, WITHIN);
+        let tl = timeline(&mut c);
+        let mut after = Vec::new();
+        for db in dbs {
+            let mut d = copy.connect_to(db);
+            after.extend(grant_many(&mut d, &format!("after-{name}"), 2));
+        }
+        println!(
+            "PITR to {name} (timeline {tl}): {after:?} (eras {:?})",
+            eras(&after)
+        );
+        checks.above(
+            &format!("recovered to {name}, against every token of the primary"),
+            &after,
+            &seen,
+        );
+        checks.in_range(&format!("recovered to {name}"), &after);
+    }
+    checks.finish();
+}
+
+/// Finding 5: `pg_resetwal -f` after a crash throws away the WAL after the last
+/// checkpoint, with the reservations of the counter in it; 0.3.0 then handed out
+/// acknowledged tokens again. The ledger's file is written before any token under a new
+/// reservation is handed out, and pg_resetwal leaves it alone.
+#[test]
+fn pg_resetwal_after_a_crash_hands_out_no_token_again() {
+    let mut checks = Checks::new("pg_resetwal");
+    let cluster = Cluster::start("ledger-resetwal", CALM_CONF);
+    let mut c = cluster.connect();
+    sql(&mut c, "CHECKPOINT");
+    // Past several reservations, all after the checkpoint.
+    let seen: Vec<i64> = c
+        .query(
+            "SELECT (lockext.lock_acquire('r-' || g, 'o', '1 minute')).fence_token \
+               FROM generate_series(1, 3000) g",
+            &[],
+        )
+        .expect("3000 grants")
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    drop(c);
+    kill_server(&cluster);
+    // As an operator would after a crash that left the server unable to start: the killed
+    // server's lock file goes first.
+    as_postgres(&format!(
+        "rm -f {0}/postmaster.pid && {PG_BIN}/pg_resetwal -f {0}",
+        cluster.data().display()
+    ));
+    let mut c = restart_after_crash(&cluster);
+    let after = grant_many(&mut c, "after", 3);
+    println!(
+        "pg_resetwal: highest before {:?}, after {after:?}",
+        seen.iter().max()
+    );
+    checks.above(
+        "after pg_resetwal -f, against every acknowledged token",
+        &after,
+        &seen,
+    );
+    checks.finish();
+}
+
+/// Finding 4: a role with CREATEDB spent an era per `CREATE DATABASE` from a template
+/// with lockext, until none was left. A database copied from a template is not a new
+/// history: it counts on the cluster's counter, in the era in force.
+#[test]
+fn creating_databases_from_a_template_spends_no_era() {
+    let mut checks = Checks::new("CREATEDB");
+    let cluster = Cluster::start("ledger-createdb", "");
+    let mut c = cluster.connect();
+    sql(
+        &mut c,
+        "CREATE ROLE burner LOGIN CREATEDB;
+         GRANT lockext_user TO burner",
+    );
+    let mut t1 = cluster.connect_to("template1");
+    sql(&mut t1, "CREATE EXTENSION lockext");
+    drop(t1);
+    let first = grant_many(&mut c, "first", 1);
+    let era_before: i32 = c
+        .query_one("SELECT era FROM lockext.token_era()", &[])
+        .unwrap()
+        .get(0);
+    let mut seen = first.clone();
+    let url = |db: &str| {
+        format!(
+            "host=127.0.0.1 port={} user=burner dbname={db} connect_timeout=10",
+            cluster.port
+        )
+    };
+    let mut b = Client::connect(&url("postgres"), NoTls).expect("connect as burner");
+    for i in 0..5 {
+        let db = format!("burn_{i}");
+        sql(&mut b, &format!("CREATE DATABASE {db}"));
+        let mut in_db = Client::connect(&url(&db), NoTls).expect("connect to the copy");
+        let (layout, era): (i32, i32) = {
+            let row = in_db
+                .query_one("SELECT layout, era FROM lockext.token_era()", &[])
+                .expect("token_era as burner");
+            (row.get(0), row.get(1))
+        };
+        let t = grant_many(&mut in_db, "burn", 1);
+        drop(in_db);
+        sql(&mut b, &format!("DROP DATABASE {db} WITH (FORCE)"));
+        checks.check(
+            layout == 2 && era == era_before,
+            format!("copy {i}: era {era} (layout {layout}), the era in force is {era_before}"),
+        );
+        checks.above(&format!("copy {i}'s grant"), &t, &seen);
+        seen.extend(t);
+    }
+    let era_after: i32 = c
+        .query_one("SELECT era FROM lockext.token_era()", &[])
+        .unwrap()
+        .get(0);
+    checks.check(
+        era_after == era_before,
+        format!("the era in force is still {era_before} after five copies ({era_after})"),
+    );
+    checks.finish();
+}
+
+/// Without preload there is no ledger (no WAL resource manager, no shared memory): a grant
+/// is refused with 55000 and a hint naming the setting, instead of a token that no WAL
+/// carries.
+#[test]
+fn without_preload_no_token_is_handed_out() {
+    let mut checks = Checks::new("No preload");
+    let cluster = Cluster::start("ledger-nopreload", "shared_preload_libraries = ''");
+    let mut c = cluster.connect();
+    let err = c
+        .query_one("SELECT lockext.lock_acquire('np', 'o', '1 minute')", &[])
+        .expect_err("a grant without preload");
+    let db = err.as_db_error().expect("a server error");
+    checks.check(
+        db.code().code() == "55000" && db.hint().unwrap_or("").contains("shared_preload_libraries"),
+        format!(
+            "refused with {} {:?} (hint {:?})",
+            db.code().code(),
+            db.message(),
+            db.hint()
+        ),
+    );
+    let left: i64 = count(&mut c, "SELECT count(*) FROM lockext.locks");
+    checks.check(left == 0, format!("no lease was written ({left})"));
+    checks.finish();
+}
