@@ -35,7 +35,6 @@ use crate::caller;
 use crate::error::{self, LockError, OrReport, MAX_VALUE_BYTES};
 use crate::grant::Request;
 use crate::lease;
-use crate::settings;
 use crate::statements::{first_value, Statement};
 use crate::text::{Jsonb, Text, TextBuf};
 use crate::wait;
@@ -259,7 +258,7 @@ fn store(
         now.into(),
         token.into(),
         value.into(),
-        settings::NOTIFY.get().into(),
+        crate::events::enabled().into(),
     ];
     Spi::connect_mut(|client| {
         xact::kept_if_found(|| Ok(first_value::<i64>(SET_VALUE.run(client, &args)?)?))

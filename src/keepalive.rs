@@ -29,7 +29,6 @@ use crate::backend;
 use crate::caller;
 use crate::commit;
 use crate::error::{self, LockError, OrReport};
-use crate::settings;
 use crate::statements::{first_value, Statement};
 use crate::stats::{self, Counter};
 use crate::text::TextBuf;
@@ -157,7 +156,7 @@ fn lock_keepalive_revoke(keepalive: Option<i64>) -> Option<i64> {
         let keepalive = error::token("keepalive", keepalive)?;
         backend::writable_server()?;
         let (role, now) = (caller::role(), backend::now()?);
-        let notify = settings::NOTIFY.get();
+        let notify = crate::events::enabled();
         // A release, as lock_release's: losing it in a crash only ends leases later.
         let only_leases = commit::only_leases_so_far();
         let ended = xact::while_briefly_locked(

@@ -31,7 +31,6 @@ use crate::exclusive;
 use crate::grant::{extend_own, Attempt, Granted, Kind, Params, Request};
 use crate::keepalive;
 use crate::session;
-use crate::settings;
 use crate::shared;
 use crate::statements::Statement;
 use crate::stats::{self, Counter};
@@ -481,7 +480,7 @@ pub fn notify(
     token: i64,
     previous: Option<i64>,
 ) -> Result<(), LockError> {
-    if !settings::NOTIFY.get() {
+    if !crate::events::enabled() {
         return Ok(());
     }
     Spi::connect_mut(|client| {

@@ -11,6 +11,7 @@ mod commit;
 mod compat;
 mod election;
 mod error;
+mod events;
 mod exclusive;
 mod fence;
 mod grant;

@@ -955,7 +955,7 @@ pub fn reap_batch(limit: i32) -> Result<(u64, bool), LockError> {
         let now = backend::now()?;
         let args = [
             DatumWithOid::from(limit),
-            settings::NOTIFY.get().into(),
+            crate::events::enabled().into(),
             now.into(),
         ];
         let (mut total, mut more) = (0, false);
@@ -1019,7 +1019,7 @@ pub fn reap_batch(limit: i32) -> Result<(u64, bool), LockError> {
             total += ended(END_LOCKED_SESSIONS.run(
                 client,
                 &[
-                    settings::NOTIFY.get().into(),
+                    crate::events::enabled().into(),
                     a.into(),
                     b.into(),
                     c.into(),

@@ -41,6 +41,7 @@ pub static REAP_INTERVAL_MS: GucSetting<i32> = GucSetting::<i32>::new(1000);
 pub static REAP_BATCH_SIZE: GucSetting<i32> = GucSetting::<i32>::new(1000);
 pub static LOCK_DELAY_MS: GucSetting<i32> = GucSetting::<i32>::new(0);
 pub static NOTIFY: GucSetting<bool> = GucSetting::<bool>::new(false);
+pub static NOTIFY_QUEUE_LIMIT: GucSetting<f64> = GucSetting::<f64>::new(0.5);
 pub static SESSION_LEASES: GucSetting<bool> = GucSetting::<bool>::new(true);
 
 pub fn define() {
@@ -104,6 +105,18 @@ pub fn define() {
         c"Events are JSON objects, sent when the transaction commits.",
         &NOTIFY,
         GucContext::Userset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_float_guc(
+        c"lockext.notify_queue_limit",
+        c"From this fraction of the server's NOTIFY queue in use on, lockext sends no events.",
+        c"A listener that never reads fills the cluster-wide queue, and a full queue fails \
+          every notifying commit: lockext skips its events (counted in lockext.stats as \
+          events_skipped) long before.",
+        &NOTIFY_QUEUE_LIMIT,
+        0.0,
+        1.0,
+        GucContext::Suset,
         GucFlags::default(),
     );
     GucRegistry::define_bool_guc(

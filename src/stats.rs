@@ -32,9 +32,10 @@ pub enum Counter {
     FenceForged,
     KeepaliveRenewalsOk,
     KeepaliveRenewalsFailed,
+    EventsSkipped,
 }
 
-const COUNTERS: usize = 12;
+const COUNTERS: usize = 13;
 const NAMES: [&str; COUNTERS] = [
     "acquires_granted",
     "acquires_refused",
@@ -48,6 +49,7 @@ const NAMES: [&str; COUNTERS] = [
     "fence_rejected_forged",
     "keepalive_renewals_ok",
     "keepalive_renewals_failed",
+    "events_skipped",
 ];
 
 #[derive(Default)]

@@ -407,10 +407,19 @@ pub fn require_issued(_client: &mut SpiClient<'_>, token: i64) -> Result<(), Loc
 fn token_era() -> TableIterator<'static, (name!(layout, i32), name!(era, i32))> {
     crate::caller::as_member(|| {
         crate::backend::writable_server()?;
+        let timeline = unsafe { pg_sys::GetWALInsertionTimeLine() };
+        if !settings::preloaded() {
+            // No ledger in this server to adopt into (and no grant either): what the file
+            // says, so that an update script calling this still runs.
+            let state = ledger::state_unpreloaded()?.filter(|s| s.layout != 0);
+            return Ok(match state {
+                Some(s) => (i32::from(s.layout().code()), s.era(timeline) as i32),
+                None => (i32::from(Layout::Safe.code()), (timeline as i32 - 1).max(0)),
+            });
+        }
         Spi::connect_mut(|client| {
             let epoch_table = adopt()?;
             let state = ledger::state()?;
-            let timeline = unsafe { pg_sys::GetWALInsertionTimeLine() };
             if state.layout == 0 {
                 // No token yet in this cluster: the first one's era, nothing to record.
                 return Ok::<_, LockError>((

@@ -534,3 +534,92 @@ fn without_preload_no_token_is_handed_out() {
     checks.check(left == 0, format!("no lease was written ({left})"));
     checks.finish();
 }
+
+/// A cluster that ran 0.3.0 has `pg_lockext/eras` (its eras, by layout) and no ledger: the
+/// first start of this library takes the ledger from it, so that the next token is above
+/// every era 0.3.0 used in any database (a database dropped since included).
+#[test]
+fn a_cluster_upgraded_from_0_3_0_starts_above_its_eras() {
+    let mut checks = Checks::new("0.3.0's eras");
+    let cluster = Cluster::start("ledger-eras-0-3", "");
+    let mut c = cluster.connect();
+    let before = grant_many(&mut c, "before", 2);
+    drop(c);
+    cluster.pg_ctl("stop -m fast -w -t 60");
+    // As 0.3.0 left it: no ledger, its record of eras (era 7 used by a database that is
+    // gone now).
+    let dir = cluster.data().join("pg_lockext");
+    fs::remove_file(dir.join("ledger")).expect("remove the ledger");
+    fs::write(
+        dir.join("eras"),
+        "lockext-eras 1\nmax 2 7\ndb 99999 2 1 1 16400 7\n",
+    )
+    .expect("write 0.3.0's record");
+    as_postgres(&format!("chown -R postgres {}", dir.display()));
+    cluster.pg_ctl("start -w -t 60");
+    let mut c = cluster.connect();
+    let after = grant_many(&mut c, "after", 2);
+    println!(
+        "0.3.0's eras: before {before:?}, after {after:?} (eras {:?})",
+        eras(&after)
+    );
+    checks.check(
+        era_of(after[0]) == 8,
+        format!(
+            "the first era above 0.3.0's highest (7): {}",
+            era_of(after[0])
+        ),
+    );
+    checks.above("after, against before", &after, &before);
+    checks.finish();
+}
+
+/// 0.3.0 keyed a history by the oid of the token sequence, and a reused oid (forced with
+/// `pg_resetwal -o`) revived an old history. Nothing is keyed by an oid now: a reinstall
+/// whose tables get the very oids of the last one's still counts on.
+#[test]
+fn a_reinstall_with_reused_oids_hands_out_no_token_again() {
+    let mut checks = Checks::new("OID reuse");
+    let cluster = Cluster::start("ledger-oids", CALM_CONF);
+    let mut c = cluster.connect();
+    let oid_of = |c: &mut Client| -> u32 {
+        c.query_one("SELECT 'lockext.token_epoch'::regclass::oid", &[])
+            .expect("the epoch table's oid")
+            .get(0)
+    };
+    // The next oid the extension's script will take, then the extension made from there.
+    sql(&mut c, "DROP EXTENSION lockext");
+    let next: u32 = {
+        sql(&mut c, "CREATE TABLE probe ()");
+        let o: u32 = c
+            .query_one("SELECT 'probe'::regclass::oid", &[])
+            .unwrap()
+            .get(0);
+        sql(&mut c, "DROP TABLE probe");
+        o + 1
+    };
+    sql(&mut c, "CREATE EXTENSION lockext");
+    let first_oid = oid_of(&mut c);
+    let before = grant_many(&mut c, "before", 3);
+    sql(&mut c, "DROP EXTENSION lockext; CHECKPOINT");
+    drop(c);
+    cluster.pg_ctl("stop -m fast -w -t 60");
+    as_postgres(&format!(
+        "{PG_BIN}/pg_resetwal -o {next} {}",
+        cluster.data().display()
+    ));
+    cluster.pg_ctl("start -w -t 60");
+    let mut c = cluster.connect();
+    sql(&mut c, "CREATE EXTENSION lockext");
+    let second_oid = oid_of(&mut c);
+    let after = grant_many(&mut c, "after", 3);
+    println!(
+        "OID reuse: token_epoch {first_oid} then {second_oid}; before {before:?}, after {after:?}"
+    );
+    checks.check(
+        first_oid == second_oid,
+        format!("the reinstall reused the oids ({first_oid}, {second_oid}): the scenario means something"),
+    );
+    checks.above("after the reinstall with reused oids", &after, &before);
+    checks.finish();
+}

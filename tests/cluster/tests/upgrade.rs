@@ -398,7 +398,7 @@ fn preloaded_0_2_0_restarted_onto_this_library_then_updated() {
     // The update, then every lease, mark and waiter as 0.3.0 serves them.
     su.batch_execute("SET lock_timeout = '10s'; ALTER EXTENSION lockext UPDATE")
         .expect("the update");
-    assert_eq!(version(&mut su), "0.3.0");
+    assert_eq!(version(&mut su), Package::installed().version);
     check_leases_and_marks(&s, &held, false);
     let mut other = session(&s.cluster, "other");
     assert_eq!(
@@ -495,7 +495,7 @@ fn not_preloaded_0_2_0_old_sessions_beside_new_ones_and_an_update_behind_a_waite
     assert!(waited > held.highest(), "the waiter's token {waited}");
     su.batch_execute("SET lock_timeout = '10s'; ALTER EXTENSION lockext UPDATE")
         .expect("the update, once no transaction holds the tables");
-    assert_eq!(version(&mut su), "0.3.0");
+    assert_eq!(version(&mut su), Package::installed().version);
 
     // An old session cannot run 0.2.0's code on 0.3.0's tables: its library lacks the
     // symbols the updated functions call. It must reconnect.
@@ -518,14 +518,27 @@ fn not_preloaded_0_2_0_old_sessions_beside_new_ones_and_an_update_behind_a_waite
         "55L01",
         "the mark after the update",
     );
-    let next = acquire(&mut holder, "after", "holder-5", "")
-        .unwrap()
-        .expect("a grant after the update");
-    assert!(
-        next > waited.max(old_grant),
-        "token {next} after the update"
+    // Without preload there is no token ledger: no grant, with the setting in the hint.
+    expect_sqlstate(
+        acquire(&mut holder, "after", "holder-5", ""),
+        "55000",
+        "a grant without preload",
     );
     assert!(release(&mut other, "ledger", "waiter-1", waited).unwrap());
+    drop((holder, other, old_holder, old_sb, new_holder));
+    su.batch_execute("ALTER SYSTEM SET shared_preload_libraries = 'lockext'")
+        .expect("preload lockext");
+    drop(su);
+    s.cluster
+        .pg_ctl_from(&s.server.bin, "restart -m fast -w -t 60");
+    let mut holder = session(&s.cluster, "holder");
+    let next = acquire(&mut holder, "after", "holder-5", "")
+        .unwrap()
+        .expect("a grant once preloaded");
+    assert!(
+        next > waited.max(old_grant),
+        "token {next} after the update and the restart"
+    );
     println!(
         "not preloaded: 0.2.0 tokens up to {} (the waiter's, in the window); the first grant after the update {next}",
         waited.max(old_grant)
@@ -583,7 +596,7 @@ fn sql_0_1_0_served_by_this_library_then_updated() {
 
     su.batch_execute("SET lock_timeout = '10s'; ALTER EXTENSION lockext UPDATE")
         .expect("0.1.0 to 0.3.0");
-    assert_eq!(version(&mut su), "0.3.0");
+    assert_eq!(version(&mut su), Package::installed().version);
     eventually(
         Duration::from_secs(10),
         "the reaper clears the expired lease",
@@ -618,4 +631,104 @@ fn sql_0_1_0_served_by_this_library_then_updated() {
         next > token,
         "token {next} after the update, {token} at 0.1.0"
     );
+}
+
+/// The third review's findings 2 and 3 on 0.3.0, both in the window between installing
+/// this library and `ALTER EXTENSION UPDATE` and after it:
+/// - a reinstall right after the new library is loaded (`DROP EXTENSION lockext CASCADE;
+///   CREATE EXTENSION lockext`) took the 0.2.0 tables with it, and 0.3.0's next grant was
+///   token 1: below every token 0.2.0 handed out;
+/// - a `pg_dump` of the 0.2.0 database restored into a new database failed on the epoch
+///   row's `boot` column (its error ignored, exit status 0), and the next grant was below
+///   the restored row's token.
+///
+/// The reaper adopts every database's evidence within a round of the restart (whatever its
+/// SQL version), before the reinstall can take it away; the epoch row keeps `boot`.
+#[test]
+fn a_reinstall_in_the_window_and_a_0_2_0_dump_restored_later_stay_above_0_2_0s_tokens() {
+    use lockext_cluster_tests::checks::Checks;
+    use lockext_cluster_tests::crash::{createdb, pg_dump, pg_restore};
+    let mut checks = Checks::new("0.2.0's tokens after a reinstall and a restore");
+    let s = setup("upgrade-ledger", "");
+    let mut holder = session(&s.cluster, "holder");
+    let mut sb = session(&s.cluster, "holder");
+    let held = take_with_0_2_0(&mut holder, &mut sb);
+    let old = held.highest();
+    drop((holder, sb));
+    let dump = s.cluster.dir.join("v020.dump");
+    pg_dump(&s.cluster, "postgres", &dump);
+
+    s.server.install(&s.new);
+    s.cluster
+        .pg_ctl_from(&s.server.bin, "restart -m fast -w -t 60");
+    let mut su = s.cluster.connect();
+    assert_eq!(version(&mut su), "0.2.0", "the window");
+    // The reaper's first round adopts what the 0.2.0 tables say: the ledger turns Wide.
+    eventually(
+        Duration::from_secs(30),
+        "the ledger adopts 0.2.0's layout",
+        || {
+            let text: String = su
+                .query_one(
+                    "SELECT coalesce(pg_read_file('pg_lockext/ledger', 0, 200, true), '')",
+                    &[],
+                )
+                .ok()?
+                .get(0);
+            text.contains("layout 1").then_some(())
+        },
+    );
+
+    // Finding 2: the reinstall in the window.
+    su.batch_execute("DROP EXTENSION lockext CASCADE")
+        .expect("drop in the window");
+    su.batch_execute("CREATE EXTENSION lockext; GRANT lockext_user TO holder")
+        .expect("create again");
+    let mut holder = session(&s.cluster, "holder");
+    let fresh = acquire(&mut holder, "after-reinstall", "h", "")
+        .expect("a grant after the reinstall")
+        .expect("granted");
+    checks.check(
+        fresh > old,
+        format!("after the reinstall: token {fresh} > 0.2.0's highest {old}"),
+    );
+
+    // Finding 3: the 0.2.0 dump restored into a new database, as a whole (exit on error).
+    createdb(&s.cluster, "restored");
+    pg_restore(&s.cluster, "restored", &dump, "");
+    let mut r = s.cluster.connect_to("restored");
+    let row: Option<i64> = r
+        .query_one(
+            "SELECT (SELECT epoch::bigint FROM lockext.token_epoch)",
+            &[],
+        )
+        .expect("the epoch row")
+        .get(0);
+    checks.check(
+        row.is_some(),
+        format!("the 0.2.0 epoch row was restored (epoch {row:?})"),
+    );
+    let after: i64 = r
+        .query_one(
+            "SELECT fence_token FROM lockext.lock_acquire('after-restore', 'r', '1 minute')",
+            &[],
+        )
+        .expect("a grant in the restored database")
+        .get(0);
+    checks.check(
+        after > old && after > fresh,
+        format!("in the restored database: token {after} > {old} and > {fresh}"),
+    );
+    let accepted: bool = r
+        .query_one(
+            "SELECT lockext.fenced_update('account', $1, '{\"v\": 2}')",
+            &[&after],
+        )
+        .map(|row| row.get(0))
+        .unwrap_or(false);
+    checks.check(
+        accepted,
+        "the restored resource takes the new holder's write".to_string(),
+    );
+    checks.finish();
 }
