@@ -5,7 +5,7 @@
 #   make install        build the extension (release) into the system PostgreSQL 15
 #   make installcheck   SQL spec (pg_regress) and concurrency spec (isolation) on the scratch cluster
 #   make bench          benchmarks side by side, report in bench/results/
-#   make stop           stop the scratch cluster
+#   make stop           stop the scratch cluster the last `make run` started
 #   make package        an installable tree under target/release/lockext-pg15
 
 PG_CONFIG  ?= /usr/lib/postgresql/15/bin/pg_config
@@ -40,12 +40,26 @@ install: bootstrap
 	install -m 755 $(PKG)$(LIBDIR)/lockext.so $(LIBDIR)/
 	install -m 644 $(PKG)$(EXTDIR)/lockext.control $(PKG)$(EXTDIR)/lockext--$(VERSION).sql sql/lockext--*.sql $(EXTDIR)/
 
+# Where the last `make run` started its cluster (LOCKEXT_HOME and PORT), so that `make stop`
+# stops that one without being told again; a file under the default home.
+LAST_RUN ?= /tmp/lockext/last-run
+
 run: install
 	bash scripts/cluster.sh restart
+	mkdir -p $(dir $(LAST_RUN))
+	printf 'LOCKEXT_HOME=%s\nLOCKEXT_PORT=%s\n' "$${LOCKEXT_HOME:-/tmp/lockext}" "$(PORT)" >$(LAST_RUN)
 	bash scripts/cluster.sh shell
 
+# LOCKEXT_HOME (or PORT) given: that cluster; else the last `make run`'s, else the default.
 stop:
+ifeq ($(origin LOCKEXT_HOME)$(origin PORT),undefinedfile)
+	if [ -f $(LAST_RUN) ]; then \
+	    LOCKEXT_HOME="$$(sed -n 's/^LOCKEXT_HOME=//p' $(LAST_RUN))" \
+	    LOCKEXT_PORT="$$(sed -n 's/^LOCKEXT_PORT=//p' $(LAST_RUN))" bash scripts/cluster.sh stop; \
+	else bash scripts/cluster.sh stop; fi
+else
 	bash scripts/cluster.sh stop
+endif
 
 # Unit tests build a debug library into the same PostgreSQL, so `install` comes after them.
 test: bootstrap

@@ -24,7 +24,13 @@ as_postgres() { runuser -u postgres -- "$@"; }
 psql_() { "$PG_BIN/psql" -X -h 127.0.0.1 -p "$PORT" -U postgres -v ON_ERROR_STOP=1 "$@"; }
 
 init() {
-    [ -f "$DATA/PG_VERSION" ] && return
+    if [ -f "$DATA/PG_VERSION" ]; then
+        # A cluster made by an older version of this script narrowed the reaper to database
+        # postgres: lockext.database is left at its default ('*': every database with
+        # lockext), as README's quick start describes.
+        as_postgres sed -i "/^lockext.database = 'postgres'\$/d" "$DATA/postgresql.conf"
+        return
+    fi
     mkdir -p "$HOME_DIR"
     chown postgres:postgres "$HOME_DIR"
     as_postgres "$PG_BIN/initdb" -D "$DATA" -U postgres --auth=trust --encoding=UTF8 \
@@ -37,7 +43,6 @@ port = $PORT
 unix_socket_directories = '$HOME_DIR'
 max_connections = 200
 shared_preload_libraries = 'lockext'
-lockext.database = 'postgres'
 lockext.reap_interval = '1s'
 log_line_prefix = '%m [%p] %b '
 CONF

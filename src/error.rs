@@ -1,4 +1,5 @@
-//! Every error a caller of lockext can meet, each with the SQLSTATE that README documents.
+//! Every error a caller of lockext can meet, each with the SQLSTATE that README documents,
+//! and what a client sees of it: its message, detail and hint, never a Rust backtrace.
 //!
 //! Functions validate all their arguments before they touch a table, so bad input
 //! changes nothing: the error is raised before the first write.
@@ -25,6 +26,13 @@ pub const MAX_VALUE_BYTES: usize = 1024 * 1024;
 /// only keeps a dead client's lock from being cleaned up.
 pub const MAX_TTL_MICROS: i64 = 24 * 60 * 60 * 1_000_000;
 
+/// What a ttl is the length of: the hint of a ttl too long names how to renew that.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TtlOf {
+    Lease,
+    Keepalive,
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum LockError {
     #[error("{arg} must not be NULL")]
@@ -40,7 +48,7 @@ pub enum LockError {
     TtlNotPositive { ttl: String },
 
     #[error("ttl must be at most 1 day, got {ttl}")]
-    TtlTooLong { ttl: String },
+    TtlTooLong { ttl: String, of: TtlOf },
 
     #[error("{arg} must be between 0 and 1 day, got {value}")]
     DurationOutOfRange { arg: &'static str, value: String },
@@ -216,15 +224,30 @@ impl LockError {
                 Some("An empty string names no lock, owner or resource: pass its name.")
             }
             LockError::EmptyLockSet { .. } => Some("Pass at least one lock id."),
+            LockError::TokenNotPositive {
+                arg: "keepalive", ..
+            } => Some(
+                "Keep-alive ids are positive: pass the keepalive that \
+                 lockext.lock_keepalive_grant returned.",
+            ),
             LockError::TokenNotPositive { .. } => Some(
                 "Fence tokens are positive: pass the fence_token that lockext.lock_acquire returned.",
             ),
             LockError::IdentifierTooLong { .. } => {
                 Some("Use a short name; keep payloads in fenced_update's data.")
             }
-            LockError::TtlTooLong { .. } => {
+            LockError::TtlTooLong {
+                of: TtlOf::Lease, ..
+            } => {
                 Some("Take a shorter lease and renew it with lockext.lock_renew while you work.")
             }
+            LockError::TtlTooLong {
+                of: TtlOf::Keepalive,
+                ..
+            } => Some(
+                "Give the keep-alive a ttl of at most a day, and renew it with \
+                 lockext.lock_keepalive_renew while you work.",
+            ),
             LockError::TokenNeverIssued { .. } => {
                 Some("Pass the fence_token that lockext.lock_acquire returned.")
             }
@@ -308,6 +331,27 @@ impl LockError {
     }
 }
 
+/// Keeps Rust backtraces out of every error a client sees, whatever `RUST_BACKTRACE` or
+/// `RUST_LIB_BACKTRACE` say in the server's environment. pgrx's panic hook captures one
+/// (`Backtrace::capture`) whenever an error unwinds through Rust, a PostgreSQL error raised
+/// inside a lockext call too (a cancel, an error of a statement lockext runs), and appends
+/// it to the error's DETAIL: stack frames are no message for a client, and name the
+/// server's files. std reads those variables once, at the process's first capture, and
+/// keeps the answer: a capture made here with `RUST_LIB_BACKTRACE` (which takes
+/// precedence) at 0 disables every later one. The variable is then put back as it was, for
+/// the programs the server starts (archive_command and the like). Called first in
+/// `_PG_init`: in the postmaster when preloaded, whose children inherit the answer.
+pub fn keep_backtraces_out_of_errors() {
+    const VAR: &str = "RUST_LIB_BACKTRACE";
+    let saved = std::env::var_os(VAR);
+    std::env::set_var(VAR, "0");
+    let _ = std::backtrace::Backtrace::capture();
+    match saved {
+        Some(value) => std::env::set_var(VAR, value),
+        None => std::env::remove_var(VAR),
+    }
+}
+
 /// The last step of every SQL-callable function: a value, or the error raised in SQL.
 pub trait OrReport<T> {
     fn or_report(self) -> T;
@@ -337,6 +381,12 @@ pub fn identifier<'a>(arg: &'static str, value: Option<Text<'a>>) -> Result<Text
 /// A lease length, normalised to plain microseconds so that expiry does not depend on the
 /// session's time zone (a "1 day" interval can be 23 or 25 hours across a DST change).
 pub fn ttl(value: Option<Interval>) -> Result<Interval, LockError> {
+    ttl_of(value, TtlOf::Lease)
+}
+
+/// As `ttl`, for the length of what `of` says (a keep-alive's: its hint names
+/// lock_keepalive_renew).
+pub fn ttl_of(value: Option<Interval>, of: TtlOf) -> Result<Interval, LockError> {
     let value = value.ok_or(LockError::NullArgument { arg: "ttl" })?;
     let micros = value.as_micros();
     if micros <= 0 {
@@ -347,11 +397,13 @@ pub fn ttl(value: Option<Interval>) -> Result<Interval, LockError> {
     if micros > i128::from(MAX_TTL_MICROS) {
         return Err(LockError::TtlTooLong {
             ttl: value.to_string(),
+            of,
         });
     }
     // Both casts are in range by the checks above, and months = days = 0 cannot mismatch.
     Interval::new(0, 0, micros as i64).map_err(|_| LockError::TtlTooLong {
         ttl: value.to_string(),
+        of,
     })
 }
 

@@ -28,7 +28,7 @@ use pgrx::prelude::*;
 use crate::backend;
 use crate::caller;
 use crate::commit;
-use crate::error::{self, LockError, OrReport};
+use crate::error::{self, LockError, OrReport, TtlOf};
 use crate::statements::{first_value, Statement};
 use crate::stats::{self, Counter};
 use crate::text::TextBuf;
@@ -92,7 +92,7 @@ fn lock_keepalive_grant(
     ),
 > {
     caller::as_member(|| {
-        let ttl = error::ttl(ttl)?;
+        let ttl = error::ttl_of(ttl, TtlOf::Keepalive)?;
         backend::writable_server()?;
         let now = backend::now()?;
         let role = caller::role();
@@ -120,7 +120,9 @@ fn lock_keepalive_renew(
 ) -> Option<TimestampWithTimeZone> {
     caller::as_member(|| {
         let keepalive = error::token("keepalive", keepalive)?;
-        let ttl = ttl.map(|t| error::ttl(Some(t))).transpose()?;
+        let ttl = ttl
+            .map(|t| error::ttl_of(Some(t), TtlOf::Keepalive))
+            .transpose()?;
         backend::writable_server()?;
         let (role, now) = (caller::role(), backend::now()?);
         // A renewal, as lock_renew's: losing it in a crash only ends leases early.

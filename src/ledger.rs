@@ -342,6 +342,12 @@ fn from_eras_0_3(timeline: u32) -> Result<Option<State>, LockError> {
         Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(failed(&format!("cannot read {}", path.display()), e)),
     };
+    if text.lines().next() != Some("lockext-eras 1") {
+        return Err(failed(
+            &path.display().to_string(),
+            "the first line is not \"lockext-eras 1\"",
+        ));
+    }
     let mut highest: Option<(Layout, i64)> = None;
     for line in text.lines() {
         let words: Vec<&str> = line.split_ascii_whitespace().collect();

@@ -78,6 +78,7 @@ extension_sql_file!("../sql/privileges.sql", name = "privileges", finalize);
 
 #[pg_guard]
 pub extern "C-unwind" fn _PG_init() {
+    error::keep_backtraces_out_of_errors();
     // Shared memory and background workers can only be set up at server start.
     let preloading = unsafe { pg_sys::process_shared_preload_libraries_in_progress };
     if preloading {

@@ -47,6 +47,8 @@ export class KeepAlive {
   check(): void
   renew(ttl?: number | null): Promise<Date>
   acquire(lockId: string, options?: AttachOptions): Promise<Grant>
+  /** Every lock attached in one call (lock_acquire_all: all or none), sorted by the ids' bytes. */
+  acquireAll(lockIds: string[], options?: Pick<AcquireOptions, 'owner' | 'wait' | 'mode'>): Promise<Grant[]>
   revoke(): Promise<number | null>
 }
 

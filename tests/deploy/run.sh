@@ -18,6 +18,9 @@
 # it (port $LOCKEXT_DEPLOY_BOUNCER_PORT, default 6699, pool_mode = transaction), then runs:
 #   - the client libraries' tests (clients/python/tests, clients/node/test) directly and
 #     through PgBouncer;
+#   - tests/deploy/scratch.sh: `make run` and `make stop` (the scratch cluster's reaper in a
+#     second database, README's quick start step 4), on a cluster of its own (port
+#     $LOCKEXT_DEPLOY_PORT - 1);
 #   - each example (Python, Node.js, Go, Rust) directly and through PgBouncer;
 #   - the leader election example (examples/election: three Python processes, the leader
 #     killed with SIGKILL, a follower taking over) directly and through PgBouncer;
@@ -283,6 +286,7 @@ for lang in python election node go rust; do
     run "example-$lang-pgbouncer" example "$lang" "$POOLED_URL"
 done
 run node-tokens node_tokens "$DIRECT_URL"
+run scratch env LOCKEXT_SCRATCH_PORT=$((PORT - 1)) LOCKEXT_SCRATCH_HOME="$HOME_DIR/scratch" bash "$HERE/scratch.sh"
 run procedure procedure "$DIRECT_URL"
 run procedure-pgbouncer procedure "$POOLED_URL"
 run pgbouncer pgbouncer_tests

@@ -54,6 +54,47 @@ const revokeElsewhere = async (ka) =>
   (await db.query('SELECT lockext.lock_keepalive_revoke($1::bigint)::int AS n', [ka.id.toString()])).rows[0].n
 
 describe('keep-alive: attach and renew', () => {
+  test('one connection attaches every lease, and releases them', async () => {
+    const ids = Array.from({ length: 8 }, (_, i) => newId(`conn-${i}`))
+    let made = 0 // connections lockext opens, through the pool's Client class
+    class Counting extends pg.Client {
+      constructor(config) {
+        super(config)
+        made++
+      }
+    }
+    const pool = new pg.Pool({ connectionString: URL, Client: Counting })
+    try {
+      await lockext.withKeepAlive(pool, { ttl: 30 }, async (ka) => {
+        const grants = await Promise.all(ids.map((id) => ka.acquire(id)))
+        for (const g of grants.slice(0, 4)) assert.equal(await g.release(), true)
+        assert.equal(made, 2) // the keep-alive's renewals', and one for attaching
+        assert.deepEqual([...(await attached(ka)).keys()].sort(), ids.slice(4).sort())
+      })
+    } finally {
+      await pool.end()
+    }
+  })
+
+  test('acquireAll attaches many locks in one call, all or none', async () => {
+    const ids = Array.from({ length: 3 }, (_, i) => newId(`all-${i}`))
+    const ka = await lockext.keepAlive(URL, { ttl: 30 })
+    try {
+      const grants = await ka.acquireAll([...ids].reverse())
+      assert.deepEqual(grants.map((g) => g.lockId), [...ids].sort())
+      assert.equal(new Set(grants.map((g) => g.owner)).size, 1)
+      assert.ok(grants.every((g) => g.keepalive === ka && !g.lost))
+      const seen = await attached(ka)
+      assert.deepEqual(new Map([...seen].map(([id, x]) => [id, x.token])), new Map(grants.map((g) => [g.lockId, g.token.toString()])))
+      const taken = newId('all-taken')
+      assert.notEqual(await rivalTakes(taken), null)
+      await assert.rejects(ka.acquireAll([newId('all-x'), taken]), lockext.NotAcquired)
+      assert.deepEqual([...(await attached(ka)).keys()].sort(), [...ids].sort())
+    } finally {
+      assert.equal(await ka.revoke(), 3)
+    }
+  })
+
   test('one renewal extends every attached lease', async () => {
     const ids = [0, 1, 2, 3].map((i) => newId(`part-${i}`))
     const ka = await lockext.keepAlive(URL, { ttl: 30, background: false })
@@ -244,8 +285,13 @@ describe('keep-alive: errors', () => {
       e = await lockext.acquire(URL, lockId, { keepalive: ka.id + 1000000000n }).catch((x) => x) // no such keep-alive
       assert.ok(e instanceof lockext.LeaseLost, String(e))
       assert.equal(e.code, '55000')
-      await assert.rejects(lockext.acquire(URL, lockId, { keepalive: 1.5 }), RangeError)
-      await assert.rejects(lockext.acquire(URL, lockId, { keepalive: ka, renewEvery: 1 }), TypeError)
+      await assert.rejects(lockext.acquire(URL, lockId, { keepalive: 1.5 }), lockext.InvalidArgument)
+      await assert.rejects(lockext.acquire(URL, lockId, { keepalive: ka, renewEvery: 1 }), lockext.InvalidArgument)
+      for (const [bad, shown] of [[[], '[]'], ['abc', "'abc'"], [[{ a: 1 }], '{ a: 1 }'], [['a', ''], "''"]]) {
+        const e = await ka.acquireAll(bad).catch((x) => x)
+        assert.ok(e instanceof lockext.InvalidArgument, String(e))
+        assert.ok(e.message.includes(shown), e.message)
+      }
       await assert.rejects(ka.renew(2 * 86400), lockext.InvalidArgument)
       assert.equal(ka.lost, false, 'a refused argument is not a loss')
       assert.equal((await db.query('SELECT 1 FROM lockext.locks WHERE lock_id = $1', [lockId])).rowCount, 0)
@@ -254,8 +300,8 @@ describe('keep-alive: errors', () => {
     const e = await lockext.keepAlive(URL, { ttl: 2 * 86400 }).catch((x) => x)
     assert.ok(e instanceof lockext.InvalidArgument, String(e))
     assert.equal(e.code, '22023')
-    await assert.rejects(lockext.keepAlive(URL, { ttl: 0 }), RangeError)
-    await assert.rejects(lockext.keepAlive(URL, { ttl: '30' }), TypeError)
-    await assert.rejects(lockext.keepAlive(URL, { ttl: 1, renewEvery: 1 }), RangeError)
+    await assert.rejects(lockext.keepAlive(URL, { ttl: 0 }), lockext.InvalidArgument)
+    await assert.rejects(lockext.keepAlive(URL, { ttl: '30' }), /got '30'/)
+    await assert.rejects(lockext.keepAlive(URL, { ttl: 1, renewEvery: 1 }), lockext.InvalidArgument)
   })
 })

@@ -15,6 +15,7 @@ const crypto = require('crypto')
 const os = require('os')
 const path = require('path')
 const { createRequire } = require('module')
+const { performance } = require('perf_hooks')
 
 const from = createRequire(path.join(process.env.LOCKEXT_NODE_APP || path.join(__dirname, '..'), 'package.json'))
 const lockext = from('lockext')
@@ -150,10 +151,10 @@ describe('acquire', () => {
         assert.equal((await holder(lockId)).ttl, ttl)
       })
     }
-    await assert.rejects(lockext.acquire(URL, newId('bad'), { ttl: '30' }), TypeError)
-    await assert.rejects(lockext.acquire(URL, newId('bad'), { ttl: NaN }), TypeError)
-    await assert.rejects(lockext.acquire(URL, newId('bad'), { ttl: 0 }), RangeError)
-    await assert.rejects(lockext.acquire(URL, newId('bad'), { ttl: 1, renewEvery: 1 }), RangeError)
+    await assert.rejects(lockext.acquire(URL, newId('bad'), { ttl: '30' }), lockext.InvalidArgument)
+    await assert.rejects(lockext.acquire(URL, newId('bad'), { ttl: NaN }), lockext.InvalidArgument)
+    await assert.rejects(lockext.acquire(URL, newId('bad'), { ttl: 0 }), lockext.InvalidArgument)
+    await assert.rejects(lockext.acquire(URL, newId('bad'), { ttl: 1, renewEvery: 1 }), lockext.InvalidArgument)
     await assert.rejects(lockext.acquire(URL, newId('bad'), { ttl: 2 * 86400 }), lockext.InvalidArgument) // the server's bound
   })
 
@@ -167,11 +168,52 @@ describe('acquire', () => {
         await g.fencedUpdate(pool, newId('res'), { via: 'pool' })
       })
       const client = await connect()
-      await assert.rejects(lockext.acquire(client, lockId), TypeError) // not a client: it would be shared
+      await assert.rejects(lockext.acquire(client, lockId), lockext.InvalidArgument) // not a client: it would be shared
       await client.end()
     } finally {
       await pool.end()
     }
+  })
+})
+
+describe('arguments', () => {
+  test('every bad argument: InvalidArgument, refused before the server, showing what was passed', async () => {
+    const lockId = newId('args')
+    const calls = [
+      [() => lockext.acquire(URL, { a: 1 }), '{ a: 1 }'],
+      [() => lockext.acquire(URL, 42), '42'],
+      [() => lockext.acquire(URL, ''), "''"],
+      [() => lockext.acquire(URL, lockId, { owner: '' }), "''"],
+      [() => lockext.acquire(URL, lockId, { owner: 7 }), '7'],
+      [() => lockext.acquire(URL, lockId, { ttl: '30' }), "'30'"],
+      [() => lockext.acquire(URL, lockId, { ttl: NaN }), 'NaN'],
+      [() => lockext.acquire(URL, lockId, { ttl: 0 }), '0'],
+      [() => lockext.acquire(URL, lockId, { wait: -1 }), '-1'],
+      [() => lockext.acquire(URL, lockId, { renewEvery: '1' }), "'1'"],
+      [() => lockext.acquire(URL, lockId, { mode: 'exclusiv' }), "'exclusiv'"],
+      [() => lockext.acquire(URL, lockId, { permits: '3' }), "'3'"],
+      [() => lockext.acquire(URL, lockId, { sessionBound: 'yes' }), "'yes'"],
+      [() => lockext.acquire(URL, lockId, { keepalive: 1.5 }), '1.5'],
+      [() => lockext.acquire(URL, lockId, { keepalive: '1', owner: {} }), '{}'],
+      [() => lockext.acquire(URL, lockId, 30), '30'],
+      [() => lockext.acquire(42, lockId), '42'],
+      [() => lockext.withLock(URL, [lockId], {}, async () => {}), `[ '${lockId}' ]`],
+      [() => lockext.keepAlive(URL, { ttl: '30' }), "'30'"],
+      [() => lockext.keepAlive(URL, { onLost: 'log' }), "'log'"],
+      [() => lockext.keepAlive(URL, { background: 1 }), '1'],
+      [() => lockext.fencedUpdate(db, '', 5n, {}), "''"],
+      [() => lockext.fencedUpdate(db, 'r', 0, {}), '0'],
+      [() => lockext.fence(db, 'r', '5a'), "'5a'"],
+      [() => lockext.declareToken(db, true), 'true'],
+    ]
+    for (const [call, shown] of calls) {
+      const e = await call().catch((x) => x)
+      assert.ok(e instanceof lockext.InvalidArgument, `${shown}: ${e}`)
+      assert.ok(e.message.includes(`got ${shown}`), e.message)
+      assert.equal(e.code, undefined) // the client's own: nothing was sent
+    }
+    assert.equal(await holder(lockId), undefined)
+    assert.equal(await holder('[object Object]'), undefined)
   })
 })
 
@@ -196,7 +238,48 @@ describe('renewal', () => {
   })
 })
 
+describe('a grant that waited', () => {
+  test('longer than its ttl: held from the grant, and renewed', async () => {
+    const lockId = newId('long-wait')
+    await db.query("SELECT lockext.lock_acquire($1, 'psql', '3 seconds')", [lockId]) // expires by itself
+    const t0 = performance.now()
+    const g = await lockext.acquire(URL, lockId, { ttl: 2, wait: 10 })
+    try {
+      assert.ok(performance.now() - t0 > 2000, 'it did not wait longer than its ttl')
+      assert.equal(g.lost, false, g.reason)
+      assert.equal(g.reason, null)
+      assert.equal(g.signal.aborted, false)
+      assert.ok(await eventually(() => g.renewals >= 2 || g.lost, 5000))
+      assert.equal(g.lost, false, g.reason)
+      g.check()
+    } finally {
+      assert.equal(await g.release(), true)
+    }
+  })
+})
+
 describe('loss', () => {
+  test('a blocked event loop: lost, reason and signal agree at once, and stay so', async () => {
+    const lockId = newId('paused')
+    const g = await lockext.acquire(URL, lockId, { ttl: 1 })
+    try {
+      Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, 1500) // a pause past the ttl
+      // Before any timer had a chance to run:
+      assert.equal(g.lost, true)
+      assert.equal(g.reason, 'no renewal succeeded within the TTL')
+      assert.equal(g.signal.aborted, true)
+      assert.ok(g.signal.reason instanceof lockext.LeaseLost)
+      const renewals = g.renewals
+      await sleep(1000) // the timers run now: the renewal that was due must not revive it
+      assert.equal(g.lost, true)
+      assert.equal(g.reason, 'no renewal succeeded within the TTL')
+      assert.equal(g.renewals, renewals)
+      assert.throws(() => g.check(), lockext.LeaseLost)
+    } finally {
+      await g.release()
+    }
+  })
+
   test('released from outside: lost, signal aborted, withLock rejects', async () => {
     const lockId = newId('lost')
     let grant
@@ -313,7 +396,7 @@ describe('tokens', () => {
       assert.ok(e instanceof lockext.InvalidArgument, String(e)) // 22023: never issued
       assert.match(e.message, /fence token 9007199254740993 was never issued/)
     }
-    await assert.rejects(lockext.fencedUpdate(db, newId('res'), Number(big), {}), RangeError)
+    await assert.rejects(lockext.fencedUpdate(db, newId('res'), Number(big), {}), lockext.InvalidArgument)
   })
 
   describe('in a database whose tokens carry an era (> 2^41)', () => {

@@ -56,6 +56,18 @@ class Async(unittest.IsolatedAsyncioTestCase):
         await releaser
         self.assertGreater(time.monotonic() - t0, 0.3)
 
+    async def test_a_grant_that_waited_longer_than_its_ttl_is_held(self):
+        lock_id = new_id("async-long-wait")
+        await self.db.execute("SELECT lockext.lock_acquire(%s, 'psql', '3 seconds')", (lock_id,))  # expires by itself
+        t0 = time.monotonic()
+        async with lockext.alock(URL, lock_id, ttl=2, wait=10) as g:
+            self.assertGreater(time.monotonic() - t0, 2)  # it did wait longer than its ttl
+            self.assertFalse(g.lost, g.reason)
+            await asyncio.sleep(1.5)  # two renewals
+            self.assertFalse(g.lost, g.reason)
+            self.assertGreaterEqual(g.renewals, 1)
+        self.assertIs(g.released, True)
+
     async def test_loss_and_release_on_exception(self):
         lock_id = new_id("async-lost")
         with self.assertRaises(lockext.LeaseLost):

@@ -129,9 +129,8 @@ class Acquire(Base):
             lock_id = new_id("ttl")
             with lockext.lock(URL, lock_id, ttl=ttl, wait=1):
                 self.assertEqual(self.holder(lock_id)[4].total_seconds(), expect, ttl)
-        for bad, exc in [(0, ValueError), (-1, ValueError), (float("nan"), ValueError),
-                         ("30", TypeError), (True, TypeError)]:
-            with self.assertRaises(exc, msg=repr(bad)):
+        for bad in [0, -1, float("nan"), "30", True, 1e300]:
+            with self.assertRaises(lockext.InvalidArgument, msg=repr(bad)):
                 lockext.lock(URL, new_id("bad-ttl"), ttl=bad)
         with self.assertRaises(lockext.InvalidArgument):  # the server's bound: 1 day
             lockext.lock(URL, new_id("long-ttl"), ttl=datetime.timedelta(days=2))
@@ -246,16 +245,98 @@ class Loss(Base):
         self.assertTrue(self.other_owner_gets(lock_id))
 
     def test_local_expiry_without_renewals(self):
-        """A renewer that cannot run (here: never scheduled in time) is a lost lease."""
+        """A renewer that cannot run (here: never scheduled in time) is a lost lease, with
+        its reason, from the first moment `lost` says so."""
         lock_id = new_id("paused")
         g = lockext.lock(URL, lock_id, ttl=1, renew_every=0.99)
         try:
             g._stop.set()  # stands for a process paused past its lease
             self.assertTrue(eventually(lambda: g.lost, 1.5))
+            self.assertEqual(g.reason, "no renewal succeeded within the TTL")
             with self.assertRaises(lockext.LeaseLost):
                 g.check()
         finally:
             g.release()
+
+    def test_lost_stays_lost(self):
+        """A renewal stuck past the ttl (its connection busy) marks the grant lost, and the
+        renewal that goes through afterwards does not make it held again."""
+        lock_id = new_id("stuck")
+        g = lockext.lock(URL, lock_id, ttl=1)
+        try:
+            with g._conn.lock:  # psycopg's lock of the renewer's connection: its next renewal waits
+                self.assertTrue(eventually(lambda: g.lost, 3))
+                self.assertEqual(g.reason, "no renewal succeeded within the TTL")
+                renewals = g.renewals
+            g._thread.join(5)  # the renewer ends at its next look at the lease
+            self.assertFalse(g._thread.is_alive())
+            self.assertTrue(g.lost)
+            self.assertEqual(g.reason, "no renewal succeeded within the TTL")
+            self.assertEqual(g.renewals, renewals)
+        finally:
+            g.release()
+
+    def test_a_grant_that_waited_longer_than_its_ttl_is_held(self):
+        """The local clock starts from the grant as the server made it: a lock that was
+        granted after a wait longer than its ttl is held, and stays held."""
+        lock_id = new_id("long-wait")
+        self.db.execute("SELECT lockext.lock_acquire(%s, 'psql', '3 seconds')", (lock_id,))  # expires by itself
+        for take in (lambda: lockext.lock(URL, lock_id, ttl=2, wait=10),
+                     lambda: lockext.campaign(URL, lock_id, {"addr": "a"}, ttl=2, wait=10)):
+            t0 = time.monotonic()
+            with take() as g:
+                self.assertGreater(time.monotonic() - t0, 2)  # it did wait longer than its ttl
+                self.assertFalse(g.lost, g.reason)
+                self.assertIsNone(g.reason)
+                self.assertTrue(eventually(lambda: g.renewals >= 2 or g.lost, 5))
+                self.assertFalse(g.lost, g.reason)
+                g.check()
+            self.assertIs(g.released, True)
+            # the next round waits for a lease of the same length again
+            self.db.execute("SELECT lockext.lock_acquire(%s, 'psql', '3 seconds')", (lock_id,))
+
+
+class Arguments(Base):
+    def test_bad_arguments_raise_invalid_argument_showing_what_was_passed(self):
+        """Refused before anything is sent, with the value passed (its repr) in the message."""
+        lock_id = new_id("args")
+        calls = [
+            (lambda: lockext.lock(URL, b"bytes"), "b'bytes'"),
+            (lambda: lockext.lock(URL, {"a": 1}), "{'a': 1}"),
+            (lambda: lockext.lock(URL, ""), "''"),
+            (lambda: lockext.lock(URL, lock_id, owner=""), "''"),
+            (lambda: lockext.lock(URL, lock_id, owner=7), "7"),
+            (lambda: lockext.lock(URL, lock_id, ttl=1e300), "1e+300"),
+            (lambda: lockext.lock(URL, lock_id, ttl="30"), "'30'"),
+            (lambda: lockext.lock(URL, lock_id, ttl=True), "True"),
+            (lambda: lockext.lock(URL, lock_id, wait=-1), "-1"),
+            (lambda: lockext.lock(URL, lock_id, wait=float("inf")), "inf"),
+            (lambda: lockext.lock(URL, lock_id, renew_every=1e300), "1e+300"),
+            (lambda: lockext.lock(URL, lock_id, mode="exclusiv"), "'exclusiv'"),
+            (lambda: lockext.lock(URL, lock_id, permits="3"), "'3'"),
+            (lambda: lockext.lock(URL, lock_id, session_bound="yes"), "'yes'"),
+            (lambda: lockext.lock(URL, lock_id, keepalive="1"), "'1'"),
+            (lambda: lockext.lock(42, lock_id), "42"),
+            (lambda: lockext.campaign(URL, lock_id, {}, ttl=1e300), "1e+300"),
+            (lambda: lockext.campaign(URL, b"x", {}), "b'x'"),
+            (lambda: lockext.holders(self.db, b"x"), "b'x'"),
+            (lambda: lockext.observe(self.db, lock_id, timeout="1"), "'1'"),
+            (lambda: lockext.keepalive(URL, ttl=1e300), "1e+300"),
+            (lambda: lockext.keepalive(URL, on_lost="print"), "'print'"),
+            (lambda: lockext.fenced_update(self.db, "", 5, {}), "''"),
+            (lambda: lockext.fenced_update(self.db, "r", 0, {}), "0"),
+            (lambda: lockext.fence(self.db, "r", "5"), "'5'"),
+            (lambda: lockext.declare_token(self.db, True), "True"),
+            (lambda: lockext.alock(URL, b"x"), "b'x'"),
+            (lambda: lockext.alock(URL, lock_id, owner=""), "''"),
+        ]
+        for call, shown in calls:
+            with self.assertRaises(lockext.InvalidArgument, msg=shown) as cm:
+                call()
+            self.assertIn(f"got {shown}", str(cm.exception))
+            self.assertIsNone(cm.exception.sqlstate)  # the client's own: nothing was sent
+        self.assertIsNone(self.holder(lock_id))
+        self.assertIsNone(self.holder("\\x6279746573"))
 
 
 class Fencing(Base):

@@ -89,6 +89,11 @@ SELECT pg_temp.sqlstate_of($$SELECT lockext.lock_keepalive_revoke(-1)$$) AS nega
 \set VERBOSITY terse
 SELECT lockext.lock_acquire('x', 'w1', NULL, keepalive => 12345);
 \set VERBOSITY default
+-- The hints name what to do with a keep-alive, not with a lease or a fence token.
+SELECT lockext.lock_keepalive_grant('2 days');
+SELECT lockext.lock_keepalive_renew(:k, '2 days');
+SELECT lockext.lock_keepalive_renew(-5);
+SELECT lockext.lock_acquire('x', 'w1', NULL, keepalive => 0);
 -- Attaching is for READ COMMITTED (a keep-alive is renewed all the time).
 BEGIN ISOLATION LEVEL REPEATABLE READ;
 SELECT pg_temp.sqlstate_of(format($$SELECT lockext.lock_acquire('x', 'w1', NULL, keepalive => %s)$$, :k)) AS repeatable_read;

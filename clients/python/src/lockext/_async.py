@@ -12,7 +12,8 @@ from psycopg.types.json import Jsonb
 from ._common import (
     ACQUIRE, DECLARE, FENCE, FENCED_UPDATE, RELEASE, RENEW,
     GrantBase, NotAcquired, StaleToken,
-    conninfo_of, connect_kwargs, default_owner, interval, mapped_errors, renew_every_of,
+    conninfo_of, connect_kwargs, flag, identifier, interval, mapped_errors, mode_of, owner_of,
+    permits_of, renew_every_of,
 )
 
 
@@ -24,11 +25,15 @@ class alock:
     def __init__(self, target, lock_id: str, ttl=30, *, owner: str | None = None, wait=0,
                  renew_every=None, mode: str = "exclusive", permits: int | None = None,
                  session_bound: bool = False):
+        identifier(lock_id, "lock_id")
+        mode_of(mode)
+        permits_of(permits)
+        flag(session_bound, "session_bound")
         self._ttl = interval(ttl, "ttl", zero_ok=False)
         self._wait = interval(wait, "wait", zero_ok=True)
         self._every = renew_every_of(self._ttl, renew_every)
         self._conninfo = conninfo_of(target)
-        self._args = (lock_id, owner or default_owner(), self._ttl, self._wait, mode, permits, session_bound)
+        self._args = (lock_id, owner_of(owner), self._ttl, self._wait, mode, permits, session_bound)
         self._grant = None
 
     async def __aenter__(self) -> "AsyncGrant":
@@ -37,7 +42,7 @@ class alock:
             sent = time.monotonic()
             with mapped_errors():
                 cur = await conn.execute(ACQUIRE, self._args)
-                token, expires_at = await cur.fetchone()
+                token, expires_at, valid_for = await cur.fetchone()
         except BaseException:
             await conn.close()
             raise
@@ -45,7 +50,8 @@ class alock:
         if token is None:
             await conn.close()
             raise NotAcquired(f"lock {lock_id!r} is held by another owner" + (f" (waited {self._wait})" if self._wait else ""))
-        self._grant = AsyncGrant(self._conninfo, conn, lock_id, owner, token, expires_at, self._ttl, self._every, sent)
+        self._grant = AsyncGrant(self._conninfo, conn, lock_id, owner, token, expires_at, self._ttl, self._every, sent,
+                                   valid_for)
         return self._grant
 
     async def __aexit__(self, exc_type, exc, tb):
@@ -71,6 +77,8 @@ class AsyncGrant(GrantBase):
         while True:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), self.renew_every)
+                return
+            if self.lost:  # its time ran out while this task slept (a paused process)
                 return
             sent = time.monotonic()
             try:

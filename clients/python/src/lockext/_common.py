@@ -37,7 +37,9 @@ class StaleToken(LeaseLost):
 
 
 class InvalidArgument(Error, ValueError):
-    """The server refused an argument (22023, 22004, 22001, 42809)."""
+    """An argument was refused: by the client before anything was sent (sqlstate None;
+    the message shows the value passed, as repr), or by the server (22023, 22004, 22001,
+    42809)."""
 
 
 class ReadOnlyServer(Error):
@@ -90,18 +92,69 @@ def mapped_errors(only=None, extra=None):
 def interval(value, name: str, *, zero_ok: bool) -> datetime.timedelta:
     """Seconds (int or float) or a timedelta, as a timedelta, which psycopg sends as an
     interval: a bare number would make PostgreSQL look for lock_acquire(text, text,
-    integer), which does not exist (42883)."""
+    integer), which does not exist (42883). Anything else raises InvalidArgument."""
     if isinstance(value, datetime.timedelta):
         td = value
     elif isinstance(value, (int, float)) and not isinstance(value, bool):
         if not math.isfinite(value):
-            raise ValueError(f"{name} must be finite, got {value!r}")
-        td = datetime.timedelta(seconds=value)
+            raise InvalidArgument(f"{name} must be a finite number of seconds, got {value!r}")
+        try:
+            td = datetime.timedelta(seconds=value)
+        except OverflowError:  # beyond timedelta's range (about 2.7 million years)
+            raise InvalidArgument(f"{name} is out of range, got {value!r}") from None
     else:
-        raise TypeError(f"{name} must be seconds (int or float) or a timedelta, got {value!r}")
+        raise InvalidArgument(f"{name} must be seconds (int or float) or a timedelta, got {value!r}")
     if td < datetime.timedelta(0) or (td == datetime.timedelta(0) and not zero_ok):
-        raise ValueError(f"{name} must be {'>= 0' if zero_ok else '> 0'}, got {value!r}")
+        raise InvalidArgument(f"{name} must be {'>= 0' if zero_ok else '> 0'}, got {value!r}")
     return td
+
+
+def identifier(value, name: str) -> str:
+    """A lock id or owner: a non-empty str (the server bounds its length: 22001). bytes
+    are refused rather than sent as bytea, which would name another lock."""
+    if not isinstance(value, str) or value == "":
+        raise InvalidArgument(f"{name} must be a non-empty str, got {value!r}")
+    return value
+
+
+def owner_of(owner) -> str:
+    """The owner given, or a new default one when None (never for an empty string)."""
+    return default_owner() if owner is None else identifier(owner, "owner")
+
+
+def lock_ids_of(lock_ids) -> list:
+    """A list (or other iterable, not a str) of lock ids, at least one."""
+    if isinstance(lock_ids, (str, bytes)) or not hasattr(lock_ids, "__iter__"):
+        raise InvalidArgument(f"lock_ids must be a list of lock ids, got {lock_ids!r}")
+    ids = list(lock_ids)
+    if not ids:
+        raise InvalidArgument(f"lock_ids must not be empty, got {lock_ids!r}")
+    return [identifier(i, "lock id") for i in ids]
+
+
+def mode_of(mode) -> str:
+    if mode not in ("exclusive", "shared"):
+        raise InvalidArgument(f"mode must be 'exclusive' or 'shared', got {mode!r}")
+    return mode
+
+
+def permits_of(permits):
+    if permits is not None and (not isinstance(permits, int) or isinstance(permits, bool)):
+        raise InvalidArgument(f"permits must be an int or None, got {permits!r}")
+    return permits
+
+
+def token_of(value, name: str = "token") -> int:
+    """A fence token (or keep-alive id): a positive int."""
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise InvalidArgument(f"{name} must be a positive int, got {value!r}")
+    return value
+
+
+def flag(value, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidArgument(f"{name} must be True or False, got {value!r}")
+    return value
 
 
 def default_owner() -> str:
@@ -120,7 +173,7 @@ def conninfo_of(target) -> str:
     if isinstance(info, psycopg.ConnectionInfo):
         # info.dsn leaves the password out on purpose; libpq still knows it.
         return make_conninfo(info.dsn, password=info.password) if info.password else info.dsn
-    raise TypeError(f"expected a conninfo string or a psycopg connection, got {type(target).__name__}")
+    raise InvalidArgument(f"expected a conninfo string or a psycopg connection, got {target!r}")
 
 
 def connect_kwargs(conninfo: str) -> dict:
@@ -138,22 +191,28 @@ def connect_kwargs(conninfo: str) -> dict:
     return kwargs
 
 
+# valid_for: the grant's expiry less the time the server received the statement
+# (statement_timestamp), in seconds. The statement was sent before it arrived, so the
+# lease is live until at least `sent + valid_for` by our own clock, however long the call
+# waited in the server (a waiting acquire is granted at the end of its wait, not at its
+# start).
+VALID_FOR = "extract(epoch FROM expires_at - statement_timestamp())::float8"
 ACQUIRE = (
-    "SELECT fence_token, expires_at FROM lockext.lock_acquire(%s::text, %s::text, %s::interval,"
+    f"SELECT fence_token, expires_at, {VALID_FOR} FROM lockext.lock_acquire(%s::text, %s::text, %s::interval,"
     " wait => %s::interval, mode => %s::text, permits => %s::integer, session_bound => %s::boolean)"
 )
 # A lease attached to a keep-alive: sent only then, so that plain leases work with a server
 # whose lock_acquire has no keepalive argument.
 ACQUIRE_ATTACHED = (
-    "SELECT fence_token, expires_at FROM lockext.lock_acquire(%s::text, %s::text, %s::interval,"
+    f"SELECT fence_token, expires_at, {VALID_FOR} FROM lockext.lock_acquire(%s::text, %s::text, %s::interval,"
     " wait => %s::interval, mode => %s::text, permits => %s::integer, session_bound => %s::boolean,"
     " keepalive => %s::bigint)"
 )
-KEEPALIVE_GRANT = "SELECT keepalive, expires_at FROM lockext.lock_keepalive_grant(%s::interval)"
+KEEPALIVE_GRANT = f"SELECT keepalive, expires_at, {VALID_FOR} FROM lockext.lock_keepalive_grant(%s::interval)"
 KEEPALIVE_RENEW = "SELECT lockext.lock_keepalive_renew(%s::bigint, %s::interval)"
 KEEPALIVE_REVOKE = "SELECT lockext.lock_keepalive_revoke(%s::bigint)"
 CAMPAIGN = (
-    "SELECT fence_token, expires_at FROM lockext.lock_campaign(%s::text, %s::text, %s::interval,"
+    f"SELECT fence_token, expires_at, {VALID_FOR} FROM lockext.lock_campaign(%s::text, %s::text, %s::interval,"
     " %s::jsonb, wait => %s::interval, mode => %s::text, permits => %s::integer)"
 )
 SET_VALUE = "SELECT lockext.lock_set_value(%s::text, %s::text, %s::bigint, %s::jsonb)"
@@ -164,6 +223,11 @@ HOLDERS = (
 OBSERVE = (
     "SELECT changed, owner, kind, fence_token, value, version, acquired_at, expires_at"
     " FROM lockext.lock_observe(%s::text, %s::bigint, %s::bigint, %s::interval)"
+)
+# Every lock of the set, attached to a keep-alive (lock_acquire_all: all or none).
+ACQUIRE_ALL_ATTACHED = (
+    "SELECT lock_id, fence_token, expires_at FROM lockext.lock_acquire_all(%s::text[], %s::text, NULL,"
+    " wait => %s::interval, mode => %s::text, keepalive => %s::bigint)"
 )
 RENEW = "SELECT lockext.lock_renew(%s::text, %s::text, %s::interval, %s::bigint)"
 RELEASE = "SELECT lockext.lock_release(%s::text, %s::text, %s::bigint)"
@@ -194,26 +258,35 @@ class Observed(NamedTuple):
 class LeaseClock:
     """What a lease and a keep-alive share: a ttl, renewed every renew_every, the server's
     expiry as last seen (expires_at), renewals, and `reason` once lost. The local clock:
-    lost once no renewal succeeded within the ttl by our own clock, whatever the server says."""
+    lost once no renewal succeeded in time by our own clock, whatever the server says.
+    Lost is one state: once `lost` is true, `reason` says why and it stays so."""
 
-    def __init__(self, expires_at, ttl, renew_every, sent):
+    _expired = "no renewal succeeded within the TTL"
+
+    def __init__(self, expires_at, ttl, renew_every, sent, valid_for=None):
         self.ttl, self.renew_every, self.expires_at = ttl, renew_every, expires_at
         self.renewals = 0
         self.reason = None
-        # By our own clock, from when the last successful call was *sent*: the server's
-        # expiry is no later than that plus the ttl.
-        # (A lease attached to a keep-alive that another program keeps alive has no ttl
-        # of its own here: no local clock.)
-        self._valid_until = sent + ttl.total_seconds() if ttl is not None else math.inf
+        # By our own clock: `valid_for` (the server's expiry less the time the statement
+        # reached it) after the call was *sent*; without it, the ttl after that. A lease
+        # attached to a keep-alive that another program keeps alive has no ttl of its own
+        # here: no local clock.
+        if valid_for is not None:
+            self._valid_until = sent + valid_for
+        else:
+            self._valid_until = sent + ttl.total_seconds() if ttl is not None else math.inf
 
     @property
     def lost(self) -> bool:
-        """True once a renewal failed or was refused, or no renewal succeeded within the
-        TTL (the process was paused, the renewer stuck): the lease may be someone else's."""
-        return self.reason is not None or time.monotonic() >= self._valid_until
+        """True once a renewal failed or was refused, or no renewal succeeded in time by
+        our own clock (the process was paused, the renewer stuck): the lease may be
+        someone else's. Stays true; `reason` is set from the first moment it is."""
+        if self.reason is None and time.monotonic() >= self._valid_until:
+            self._lose(self._expired)
+        return self.reason is not None
 
     def _why(self) -> str:
-        return self.reason or "no renewal succeeded within the TTL"
+        return self.reason or self._expired
 
     def _lose(self, reason: str) -> bool:
         """Records why it was lost; True the first time."""
@@ -223,6 +296,10 @@ class LeaseClock:
         return False
 
     def _renewed(self, sent: float, expires_at, ttl=None) -> None:
+        """A renewal sent at `sent` succeeded. Too late if the lease was found lost (or
+        its time ran out) meanwhile: lost stays lost."""
+        if self.lost:
+            return
         self._valid_until = sent + (ttl or self.ttl).total_seconds()
         self.expires_at = expires_at
         self.renewals += 1
@@ -235,8 +312,8 @@ class GrantBase(LeaseClock):
     the lease had already ended, None if the release could not be sent), reason (why the
     lease was lost, or None)."""
 
-    def __init__(self, lock_id, owner, token, expires_at, ttl, renew_every, sent):
-        super().__init__(expires_at, ttl, renew_every, sent)
+    def __init__(self, lock_id, owner, token, expires_at, ttl, renew_every, sent, valid_for=None):
+        super().__init__(expires_at, ttl, renew_every, sent, valid_for)
         self.lock_id, self.owner, self.token = lock_id, owner, token
         self.released = None
 
@@ -263,5 +340,5 @@ def renew_every_of(ttl: datetime.timedelta, renew_every) -> float:
     lease runs out. Must be below the TTL."""
     every = ttl / 3 if renew_every is None else interval(renew_every, "renew_every", zero_ok=False)
     if every >= ttl:
-        raise ValueError(f"renew_every ({every}) must be shorter than the ttl ({ttl})")
+        raise InvalidArgument(f"renew_every ({every}) must be shorter than the ttl ({ttl})")
     return every.total_seconds()

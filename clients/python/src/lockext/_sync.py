@@ -10,10 +10,11 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from ._common import (
-    ACQUIRE, ACQUIRE_ATTACHED, CAMPAIGN, DECLARE, FENCE, FENCED_UPDATE, HOLDERS, KEEPALIVE_GRANT,
+    ACQUIRE, ACQUIRE_ALL_ATTACHED, ACQUIRE_ATTACHED, CAMPAIGN, DECLARE, FENCE, FENCED_UPDATE, HOLDERS, KEEPALIVE_GRANT,
     KEEPALIVE_NOT_LIVE, KEEPALIVE_RENEW, KEEPALIVE_REVOKE, OBSERVE, RELEASE, RENEW, SET_VALUE,
     GrantBase, Holder, InvalidArgument, LeaseClock, LeaseLost, NotAcquired, Observed, StaleToken,
-    conninfo_of, connect_kwargs, default_owner, interval, mapped_errors, renew_every_of,
+    conninfo_of, connect_kwargs, flag, identifier, interval, token_of, lock_ids_of, mapped_errors, mode_of,
+    owner_of, permits_of, renew_every_of,
 )
 
 class _DefaultTtl:
@@ -42,19 +43,23 @@ def lock(target, lock_id: str, ttl=_DEFAULT_TTL, *, owner: str | None = None, wa
     alive): the lease is attached to it, has no ttl (passing one raises InvalidArgument,
     22023) and no renewer of its own, and holds no connection; it is lost when the
     keep-alive is. A keep-alive that is not live raises LeaseLost (55000)."""
+    identifier(lock_id, "lock_id")
+    mode_of(mode)
+    permits_of(permits)
+    flag(session_bound, "session_bound")
     if keepalive is not None:
         return _attach(target, lock_id, ttl, owner=owner, wait=wait, renew_every=renew_every,
                        mode=mode, permits=permits, session_bound=session_bound, keepalive=keepalive)
     ttl = interval(30 if ttl is _DEFAULT_TTL else ttl, "ttl", zero_ok=False)
     wait = interval(wait, "wait", zero_ok=True)
     every = renew_every_of(ttl, renew_every)
-    owner = owner or default_owner()
+    owner = owner_of(owner)
     conninfo = conninfo_of(target)
     conn = psycopg.connect(conninfo, **connect_kwargs(conninfo))
     try:
         sent = time.monotonic()
         with mapped_errors():
-            token, expires_at = conn.execute(
+            token, expires_at, valid_for = conn.execute(
                 ACQUIRE, (lock_id, owner, ttl, wait, mode, permits, session_bound)).fetchone()
     except BaseException:
         conn.close()
@@ -62,7 +67,7 @@ def lock(target, lock_id: str, ttl=_DEFAULT_TTL, *, owner: str | None = None, wa
     if token is None:  # a refusal is a row of NULLs, not an empty result
         conn.close()
         raise NotAcquired(f"lock {lock_id!r} is held by another owner" + (f" (waited {wait})" if wait else ""))
-    return Grant(conninfo, conn, lock_id, owner, token, expires_at, ttl, every, sent)
+    return Grant(conninfo, conn, lock_id, owner, token, expires_at, ttl, every, sent, valid_for)
 
 
 def campaign(target, lock_id: str, value, ttl=30, *, owner: str | None = None, wait=0,
@@ -71,16 +76,19 @@ def campaign(target, lock_id: str, value, ttl=30, *, owner: str | None = None, w
     address, say) published as its grant's value, renewed in the background until
     released (resigning). Change the value with grant.proclaim(). Raises NotAcquired when
     another leader holds it (and still holds it after `wait`)."""
+    identifier(lock_id, "lock_id")
+    mode_of(mode)
+    permits_of(permits)
     ttl = interval(ttl, "ttl", zero_ok=False)
     wait = interval(wait, "wait", zero_ok=True)
     every = renew_every_of(ttl, renew_every)
-    owner = owner or default_owner()
+    owner = owner_of(owner)
     conninfo = conninfo_of(target)
     conn = psycopg.connect(conninfo, **connect_kwargs(conninfo))
     try:
         sent = time.monotonic()
         with mapped_errors():
-            token, expires_at = conn.execute(
+            token, expires_at, valid_for = conn.execute(
                 CAMPAIGN, (lock_id, owner, ttl, Jsonb(value), wait, mode, permits)).fetchone()
     except BaseException:
         conn.close()
@@ -88,11 +96,12 @@ def campaign(target, lock_id: str, value, ttl=30, *, owner: str | None = None, w
     if token is None:
         conn.close()
         raise NotAcquired(f"lock {lock_id!r} is led by another owner" + (f" (waited {wait})" if wait else ""))
-    return Grant(conninfo, conn, lock_id, owner, token, expires_at, ttl, every, sent)
+    return Grant(conninfo, conn, lock_id, owner, token, expires_at, ttl, every, sent, valid_for)
 
 
 def holders(conn, lock_id: str) -> list[Holder]:
     """Who holds `lock_id` now, oldest grant (the leader) first; [] when it is free."""
+    identifier(lock_id, "lock_id")
     with mapped_errors():
         return [Holder(*row) for row in conn.execute(HOLDERS, (lock_id,), prepare=False).fetchall()]
 
@@ -102,6 +111,9 @@ def observe(conn, lock_id: str, known: Holder | None = None, timeout=30) -> Obse
     is not `known` (None: no leader), or `timeout` seconds have passed. Pass the leader it
     returned as the next call's `known` to miss no change. `conn` must not be inside a
     REPEATABLE READ or SERIALIZABLE transaction (NotSupported)."""
+    identifier(lock_id, "lock_id")
+    if known is not None and not isinstance(known, Holder):
+        raise InvalidArgument(f"known must be a Holder (or None), got {known!r}")
     timeout = interval(timeout, "timeout", zero_ok=True)
     known_token, known_version = (known.token, known.version) if known else (None, None)
     with mapped_errors():
@@ -111,31 +123,36 @@ def observe(conn, lock_id: str, known: Holder | None = None, timeout=30) -> Obse
 
 
 def _attach(target, lock_id, ttl, *, owner, wait, renew_every, mode, permits, session_bound, keepalive):
-    """lock() for a lease attached to `keepalive`: acquired on a short connection of its
-    own, closed at once (the keep-alive renews it; release() opens another)."""
+    """lock() for a lease attached to `keepalive`: acquired on the KeepAlive's connection
+    for attaching (one for all its leases), or for a keep-alive given by id, on a short
+    connection of its own, closed at once (release() opens another)."""
     if isinstance(keepalive, KeepAlive):
         keepalive.check()
         keepalive_id = keepalive.id
     elif isinstance(keepalive, int) and not isinstance(keepalive, bool):
         keepalive_id = keepalive
     else:
-        raise TypeError(f"keepalive must be a KeepAlive or its id (int), got {keepalive!r}")
+        raise InvalidArgument(f"keepalive must be a KeepAlive or its id (int), got {keepalive!r}")
     if renew_every is not None:
-        raise TypeError("renew_every: a lease attached to a keep-alive is renewed by the keep-alive")
+        raise InvalidArgument(
+            f"renew_every: a lease attached to a keep-alive is renewed by the keep-alive, got {renew_every!r}")
     # A ttl is sent as given, for the server to refuse (22023): it has no meaning here.
     ttl = None if ttl is _DEFAULT_TTL or ttl is None else interval(ttl, "ttl", zero_ok=False)
     wait = interval(wait, "wait", zero_ok=True)
-    owner = owner or default_owner()
-    conninfo = conninfo_of(target)
-    with psycopg.connect(conninfo, **connect_kwargs(conninfo)) as conn:
-        sent = time.monotonic()
-        with mapped_errors(extra=KEEPALIVE_NOT_LIVE):
-            token, expires_at = conn.execute(
-                ACQUIRE_ATTACHED, (lock_id, owner, ttl, wait, mode, permits, session_bound, keepalive_id)).fetchone()
+    owner = owner_of(owner)
+    args = (lock_id, owner, ttl, wait, mode, permits, session_bound, keepalive_id)
+    if isinstance(keepalive, KeepAlive):
+        conninfo = keepalive._conninfo
+        token, expires_at, _ = keepalive._attaching(ACQUIRE_ATTACHED, args)
+    else:
+        conninfo = conninfo_of(target)
+        with psycopg.connect(conninfo, **connect_kwargs(conninfo)) as conn:
+            with mapped_errors(extra=KEEPALIVE_NOT_LIVE):
+                token, expires_at, _ = conn.execute(ACQUIRE_ATTACHED, args).fetchone()
     if token is None:
         raise NotAcquired(f"lock {lock_id!r} is held by another owner" + (f" (waited {wait})" if wait else ""))
-    ka_ttl = keepalive.ttl if isinstance(keepalive, KeepAlive) else None
-    return Grant(conninfo, None, lock_id, owner, token, expires_at, ka_ttl, None, sent, keepalive=keepalive)
+    # No clock of its own: its life is the keep-alive's (or, by id, another program's).
+    return Grant(conninfo, None, lock_id, owner, token, expires_at, None, None, time.monotonic(), keepalive=keepalive)
 
 
 def _report(exc: BaseException) -> None:
@@ -159,7 +176,7 @@ class _Renewer:
 
     def _renew_loop(self):
         while not self._stop.wait(self.renew_every):
-            if self.reason is not None:  # found lost meanwhile (by a renew() of the caller's)
+            if self.lost:  # found lost meanwhile, or its time ran out while this thread slept
                 return
             sent = time.monotonic()
             try:
@@ -218,13 +235,10 @@ class Grant(_Renewer, GrantBase):
     @property
     def lost(self) -> bool:
         if isinstance(self.keepalive, KeepAlive):
-            return self.reason is not None or self.keepalive.lost
+            if self.reason is None and self.keepalive.lost:
+                self._lose(f"its keep-alive {self.keepalive.id} was lost: {self.keepalive._why()}")
+            return self.reason is not None
         return super().lost
-
-    def _why(self) -> str:
-        if self.reason is None and isinstance(self.keepalive, KeepAlive) and self.keepalive.lost:
-            return f"its keep-alive {self.keepalive.id} was lost: {self.keepalive._why()}"
-        return super()._why()
 
     def release(self) -> bool | None:
         """Stops renewing and releases the lease (only this grant: by owner and token).
@@ -232,7 +246,14 @@ class Grant(_Renewer, GrantBase):
         if self._done:
             return self.released
         self._done = True
-        self.released, _ = self._finish(RELEASE, (self.lock_id, self.owner, self.token))
+        args = (self.lock_id, self.owner, self.token)
+        if self._conn is None and isinstance(self.keepalive, KeepAlive):
+            try:
+                self.released = self.keepalive._attaching(RELEASE, args)[0]
+            except Exception:
+                self.released = None
+        else:
+            self.released, _ = self._finish(RELEASE, args)
         return self.released  # None: not sent, the lease ends by itself at its expiry
 
     def __enter__(self):
@@ -252,7 +273,9 @@ class Grant(_Renewer, GrantBase):
         self.check()
         args = (self.lock_id, self.owner, self.token, Jsonb(value))
         with mapped_errors():
-            if self._conn is None:  # attached to a keep-alive: no connection of its own
+            if self._conn is None and isinstance(self.keepalive, KeepAlive):
+                return self.keepalive._attaching(SET_VALUE, args)[0]
+            if self._conn is None:  # attached to a keep-alive by id: no connection of its own
                 with psycopg.connect(self._conninfo, **connect_kwargs(self._conninfo)) as conn:
                     return conn.execute(SET_VALUE, args).fetchone()[0]
             return self._conn.execute(SET_VALUE, args).fetchone()[0]
@@ -288,6 +311,8 @@ class Grant(_Renewer, GrantBase):
 def fenced_update(conn, resource_id: str, token: int, data) -> None:
     """Stores `data` (anything JSON) for `resource_id` if `token` is the newest seen there,
     else raises StaleToken. In its own transaction, or a savepoint of the one open on conn."""
+    identifier(resource_id, "resource_id")
+    token_of(token)
     with mapped_errors(), conn.transaction():
         ok = conn.execute(FENCED_UPDATE, (resource_id, token, Jsonb(data)), prepare=False).fetchone()[0]
     if not ok:
@@ -297,6 +322,8 @@ def fenced_update(conn, resource_id: str, token: int, data) -> None:
 def fence(conn, resource_id: str, token: int) -> None:
     """lockext.fence in the transaction open on `conn`: StaleToken (and that transaction
     aborts) when a newer token was fenced on `resource_id`."""
+    identifier(resource_id, "resource_id")
+    token_of(token)
     with mapped_errors():
         conn.execute(FENCE, (resource_id, token), prepare=False)
 
@@ -307,6 +334,7 @@ _fence = fence  # Grant.transaction's `fence` argument hides the function
 def declare_token(conn, token: int) -> None:
     """lockext.declare_token: names the writer's token for fence_guard, for the UPDATEs
     that leave the token column as it is and the DELETEs of the transaction open on conn."""
+    token_of(token)
     with mapped_errors():
         conn.execute(DECLARE, (token,), prepare=False)
 
@@ -327,18 +355,19 @@ def keepalive(target, ttl=30, *, renew_every=None, background: bool = True, on_l
     renewer's: a renewal failed or returned NULL), not for a revoke of yours."""
     ttl = interval(ttl, "ttl", zero_ok=False)
     every = renew_every_of(ttl, renew_every)
+    flag(background, "background")
     if on_lost is not None and not callable(on_lost):
-        raise TypeError(f"on_lost must be callable, got {on_lost!r}")
+        raise InvalidArgument(f"on_lost must be callable, got {on_lost!r}")
     conninfo = conninfo_of(target)
     conn = psycopg.connect(conninfo, **connect_kwargs(conninfo))
     try:
         sent = time.monotonic()
         with mapped_errors():
-            keepalive_id, expires_at = conn.execute(KEEPALIVE_GRANT, (ttl,)).fetchone()
+            keepalive_id, expires_at, valid_for = conn.execute(KEEPALIVE_GRANT, (ttl,)).fetchone()
     except BaseException:
         conn.close()
         raise
-    return KeepAlive(conninfo, conn, keepalive_id, expires_at, ttl, every, sent, background, on_lost)
+    return KeepAlive(conninfo, conn, keepalive_id, expires_at, ttl, every, sent, valid_for, background, on_lost)
 
 
 class KeepAlive(_Renewer, LeaseClock):
@@ -350,9 +379,15 @@ class KeepAlive(_Renewer, LeaseClock):
 
     _refused = "renewal refused: the keep-alive expired, was revoked or ended by a grant over its leases"
 
-    def __init__(self, conninfo, conn, keepalive_id, expires_at, ttl, renew_every, sent, background, on_lost):
-        super().__init__(expires_at, ttl, renew_every, sent)
+    def __init__(self, conninfo, conn, keepalive_id, expires_at, ttl, renew_every, sent, valid_for,
+                 background, on_lost):
+        super().__init__(expires_at, ttl, renew_every, sent, valid_for)
         self._conninfo, self._conn = conninfo, conn
+        # The connection that attaches and releases its leases: one for all of them, opened
+        # at the first attach, apart from the renewals' (an attach may wait for its lock,
+        # and a renewal must not wait behind it).
+        self._attach_conn = None
+        self._attach_lock = threading.Lock()
         self.id = keepalive_id
         self.revoked = None
         self._on_lost = on_lost
@@ -385,8 +420,7 @@ class KeepAlive(_Renewer, LeaseClock):
         ended."""
         if self._done:
             raise LeaseLost(f"keep-alive {self.id} was revoked")
-        if self.reason is not None:
-            self.check()  # once lost, for good: its grants were told so (on_lost)
+        self.check()  # once lost, for good: its grants were told so (on_lost)
         ttl = None if ttl is None else interval(ttl, "ttl", zero_ok=False)
         sent = time.monotonic()
         try:
@@ -399,9 +433,44 @@ class KeepAlive(_Renewer, LeaseClock):
             raise
         if expires_at is None:
             self._lose(self._refused)
-            self.check()
         self._renewed(sent, expires_at, ttl)
+        self.check()  # refused, or too late by our clock: lost for good
         return expires_at
+
+    def _attaching(self, sql, args, rows=False):
+        """Runs `sql` on the connection for attaching (opened the first time; once more
+        if it broke) and returns its row (`rows`: all of them); lockext's errors mapped,
+        55000 as LeaseLost. Once revoked, on a short connection of its own (a release of
+        an attached grant after the revoke)."""
+
+        def run(conn):
+            with mapped_errors(extra=KEEPALIVE_NOT_LIVE):
+                cur = conn.execute(sql, args)
+                return cur.fetchall() if rows else cur.fetchone()
+
+        with self._attach_lock:
+            if self._done:
+                with psycopg.connect(self._conninfo, **connect_kwargs(self._conninfo)) as conn:
+                    return run(conn)
+            if self._attach_conn is None or self._attach_conn.closed:
+                self._attach_conn = psycopg.connect(self._conninfo, **connect_kwargs(self._conninfo))
+            return run(self._attach_conn)
+
+    def lock_all(self, lock_ids, *, owner: str | None = None, wait=0, mode: str = "exclusive") -> list[Grant]:
+        """Takes every lock of `lock_ids` attached to this keep-alive, in one call
+        (lockext.lock_acquire_all: all or none, in the order of the ids' bytes): a list of
+        Grants, one per distinct id, sorted so, all with the same owner. NotAcquired if one
+        is taken (and still taken after `wait`): then none is taken."""
+        ids = lock_ids_of(lock_ids)
+        wait = interval(wait, "wait", zero_ok=True)
+        mode_of(mode)
+        owner = owner_of(owner)
+        self.check()
+        rows = self._attaching(ACQUIRE_ALL_ATTACHED, (ids, owner, wait, mode, self.id), rows=True)
+        if not rows:
+            raise NotAcquired(f"one of the locks {ids!r} is held by another owner" + (f" (waited {wait})" if wait else ""))
+        return [Grant(self._conninfo, None, lock_id, owner, token, expires_at, None, None, time.monotonic(), keepalive=self)
+                for lock_id, token, expires_at in rows]
 
     def lock(self, lock_id: str, *, owner: str | None = None, wait=0, mode: str = "exclusive",
              permits: int | None = None) -> Grant:
@@ -421,6 +490,10 @@ class KeepAlive(_Renewer, LeaseClock):
             return self.revoked
         self._done = True
         self.revoked, sent = self._finish(KEEPALIVE_REVOKE, (self.id,))
+        with self._attach_lock:
+            if self._attach_conn is not None:
+                self._attach_conn.close()
+                self._attach_conn = None
         if sent and self.revoked is None:
             self._lose("lock_keepalive_revoke found no such keep-alive (revoked by another, or ended and deleted)")
         if self.reason is None:
