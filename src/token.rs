@@ -381,8 +381,39 @@ fn grant_token() -> i64 {
 pub fn highest_issued() -> Result<i64, LockError> {
     if settings::preloaded() {
         adopt()?;
+        return Ok(ledger::highest_issued()?.unwrap_or(0));
     }
-    Ok(ledger::highest_issued()?.unwrap_or(0))
+    // No ledger in this server: tokens here came from a server that had one (its file),
+    // or from an older library still mapped in some sessions, counting on the token
+    // sequence in the epoch row's era.
+    let from_file = ledger::highest_issued()?.unwrap_or(0);
+    Ok(from_file.max(issued_by_older_libraries()))
+}
+
+static SEQUENCE_LAST: Statement = Statement {
+    sql: include_str!("../sql/run/token/sequence_last.sql"),
+    params: &[],
+};
+
+/// The highest token an older library can have handed out in this database: the epoch
+/// row's era over the sequence's last value, or a higher token in the tables.
+fn issued_by_older_libraries() -> i64 {
+    let Some(epoch_table) = relation(c"token_epoch") else {
+        return 0;
+    };
+    let evidence = read_evidence(epoch_table);
+    let last = SEQUENCE_LAST
+        .read_latest(&[])
+        .and_then(|row| row.get::<i64>("last"))
+        .unwrap_or(0);
+    let from_row = evidence
+        .row
+        .and_then(|row| {
+            let max_counter = (1i64 << row.layout.counter_bits()) - 1;
+            row.layout.compose(row.era, last.min(max_counter)).ok()
+        })
+        .unwrap_or(0);
+    from_row.max(evidence.highest_kept.unwrap_or(0))
 }
 
 /// Refuses a token that lockext never issued: a forged one would raise a resource's

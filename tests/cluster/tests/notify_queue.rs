@@ -7,6 +7,7 @@
 //! release commits.
 
 use lockext_cluster_tests::*;
+use postgres::fallible_iterator::FallibleIterator;
 
 fn stat(c: &mut Client, name: &str) -> i64 {
     c.query_one(
