@@ -161,9 +161,10 @@ fn older(function: &'static str) -> Older {
 // ---- grants: refused ---------------------------------------------------------------
 
 const MINTS_A_TOKEN: &str = "A grant mints a fencing token, and this library mints tokens \
-    only by the token eras that the tables of lockext 0.3.0 record; by the older SQL's rules \
-    it could hand out a token that is not above every token handed out before. Leases \
-    already held can still be renewed and released, and fenced writes are still checked.";
+    only from the cluster's token ledger, whose rules the older SQL does not follow; by the \
+    older SQL's rules it could hand out a token that is not above every token handed out \
+    before. Leases already held can still be renewed and released, and fenced writes are \
+    still checked.";
 
 /// 0.1.0: `lock_acquire(lock_id, owner, ttl)`; 0.2.0: also `wait, lock_delay, mode,
 /// permits, session_bound`. The arguments are not read: the call is refused either way.
