@@ -30,6 +30,7 @@
 //! so a hot standby runs none; after promotion the postmaster starts it. Both kinds of
 //! process reload settings on SIGHUP and leave on SIGTERM or when the postmaster dies.
 
+use std::cell::Cell;
 use std::collections::{HashMap, HashSet};
 use std::ffi::CStr;
 use std::time::{Duration, Instant};
@@ -241,6 +242,24 @@ pub fn register_launcher() {
         .load();
 }
 
+unsafe extern "C-unwind" {
+    // PostgreSQL's own SIGTERM handler (tcop/postgres.c), by its C symbol: pg_sys::die is a
+    // Rust wrapper around it, which must not run as a signal handler.
+    #[link_name = "die"]
+    fn postgres_die(signal: std::ffi::c_int);
+}
+
+/// Both kinds of process reload settings on SIGHUP, and leave on SIGTERM (a shutdown,
+/// `pg_terminate_backend`) as a backend does, through PostgreSQL's own `die`: it sets
+/// `ProcDiePending`, so the next CHECK_FOR_INTERRUPTS ends the process with FATAL wherever
+/// it is, inside a running statement, a lock wait or a latch wait. A flag of our own would
+/// be read only between statements, and a statement that ran for minutes kept the server
+/// from stopping.
+fn attach_signal_handlers() {
+    unsafe { pg_sys::pqsignal(pg_sys::SIGTERM as i32, Some(postgres_die)) };
+    BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP);
+}
+
 /// A worker runs as the bootstrap superuser, with the database's own search_path (and any
 /// `ALTER DATABASE ... SET search_path`) unless told otherwise: a member who can create
 /// objects in a schema on it (`public`, in many databases) could plant an `array_agg(text)`
@@ -260,11 +279,14 @@ fn pin_search_path() {
 #[pg_guard]
 #[unsafe(no_mangle)]
 pub extern "C-unwind" fn lockext_launcher_main(_arg: pg_sys::Datum) {
-    BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
+    attach_signal_handlers();
     // No database: the launcher reads only pg_database, a shared catalog.
     BackgroundWorker::connect_worker_to_spi(None, None);
     pin_search_path();
     let mut launcher = Launcher::new();
+    LAUNCHER.set(&mut launcher);
+    let forget = ForgetLauncher;
+    unsafe { pg_sys::before_shmem_exit(Some(stop_rounds_at_exit), pg_sys::Datum::from(0)) };
     loop {
         launcher.tick();
         // Woken early by a reload, or by the postmaster when a round starts or stops
@@ -277,7 +299,34 @@ pub extern "C-unwind" fn lockext_launcher_main(_arg: pg_sys::Datum) {
             launcher.reloaded();
         }
     }
+    drop(forget);
     launcher.stop_all();
+}
+
+/// Clears `LAUNCHER` when the launcher's state goes (dropped after it unwinds from a panic).
+struct ForgetLauncher;
+
+impl Drop for ForgetLauncher {
+    fn drop(&mut self) {
+        LAUNCHER.set(std::ptr::null_mut());
+    }
+}
+
+thread_local! {
+    // The launcher's state while its loop runs, for `stop_rounds_at_exit`.
+    static LAUNCHER: Cell<*mut Launcher> = const { Cell::new(std::ptr::null_mut()) };
+}
+
+/// A launcher that leaves in the middle of its loop (SIGTERM, FATAL) stops its rounds as
+/// one that leaves its loop does: a launcher started again would not know them. Runs
+/// while the loop's frame, which `LAUNCHER` points into, is still on the stack (an exit
+/// does not unwind it).
+#[pg_guard]
+unsafe extern "C-unwind" fn stop_rounds_at_exit(_code: std::ffi::c_int, _arg: pg_sys::Datum) {
+    let launcher = LAUNCHER.replace(std::ptr::null_mut());
+    if let Some(launcher) = unsafe { launcher.as_mut() } {
+        launcher.stop_all();
+    }
 }
 
 /// Why a served database waits for its next round.
@@ -771,7 +820,7 @@ fn finish(slot: usize, outcome: &Outcome) {
 #[pg_guard]
 #[unsafe(no_mangle)]
 pub extern "C-unwind" fn lockext_reaper_main(arg: pg_sys::Datum) {
-    BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
+    attach_signal_handlers();
     let slot = arg.value();
     let Some(Job {
         database,
@@ -932,9 +981,10 @@ fn reap_round(
         reaped += n;
         reporter.batch(n);
         crate::stats::add(crate::stats::Counter::LeasesReaped, n);
-        if !more || BackgroundWorker::sigterm_received() {
+        if !more {
             return Ok(Some((reporter, reaped)));
         }
+        pg_sys::check_for_interrupts!();
         if BackgroundWorker::sighup_received() {
             unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
         }
