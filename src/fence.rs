@@ -13,10 +13,13 @@
 //! function.
 
 use std::cell::Cell;
+use std::ffi::CStr;
 
 use pgrx::datum::DatumWithOid;
+use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::pg_sys::{self, BuiltinOid::*};
 use pgrx::prelude::*;
+use pgrx::PgSqlErrorCode;
 
 use crate::backend;
 use crate::caller::{self, Needs};
@@ -145,6 +148,117 @@ fn fence_row(fence_token: Option<i64>, row_token: Option<i64>) -> bool {
             _ => true,
         })
         .or_report()
+}
+
+thread_local! {
+    // Whether the UPDATE that fired fence_guard names the token column in its SET list,
+    // for the trigger's body to read once (`token_column_named`); None outside an UPDATE.
+    static NAMED: Cell<Option<bool>> = const { Cell::new(None) };
+}
+
+/// fence_guard's body (`lockext.fence_guard_row`, sql/fence.sql) asks, first thing, whether
+/// the UPDATE that fired it names the token column in its SET list: true, false, or NULL
+/// when it was not fired through `lockext.fence_guard` by an UPDATE. Answers once (a
+/// second call says NULL). Reveals nothing of anyone else's, so PUBLIC's.
+#[pg_extern(volatile, parallel_unsafe)]
+fn token_column_named() -> Option<bool> {
+    NAMED.take()
+}
+
+/// `lockext.fence_guard`, the trigger: learns from PostgreSQL which columns the UPDATE
+/// names (`TriggerData.tg_updatedcols`, which a PL/pgSQL trigger cannot see), so that
+/// `SET fence_token = <the row's own token>` counts as the writer's token, then runs the
+/// body, `lockext.fence_guard_row`, as the same trigger call. Not a pgrx function: the
+/// body raises lockext's own SQLSTATE 55L01, which must reach the client as it is, and a
+/// pgrx boundary would turn any SQLSTATE it does not know into XX000. So nothing here has a
+/// destructor: an ERROR of the body passes through this frame as PostgreSQL's own
+/// longjmp, and the setup that may fail runs in `prepare_guard`, a guarded function.
+///
+/// # Safety
+/// Called by PostgreSQL's function manager only, with a valid `fcinfo`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C-unwind" fn lockext_fence_guard(
+    fcinfo: pg_sys::FunctionCallInfo,
+) -> pg_sys::Datum {
+    unsafe {
+        let mut body: pg_sys::FmgrInfo = std::mem::zeroed();
+        prepare_guard(fcinfo, &mut body);
+        let mut call: pg_sys::FunctionCallInfoBaseData = std::mem::zeroed();
+        call.flinfo = &mut body;
+        call.context = (*fcinfo).context;
+        call.fncollation = pg_sys::InvalidOid;
+        let Some(run) = body.fn_addr else {
+            return pg_sys::Datum::from(0);
+        };
+        let result = run(&mut call);
+        NAMED.set(None);
+        (*fcinfo).isnull = call.isnull;
+        result
+    }
+}
+
+/// Version 1 of the function manager's calling convention, for `lockext_fence_guard`.
+#[unsafe(no_mangle)]
+pub extern "C" fn pg_finfo_lockext_fence_guard() -> &'static pg_sys::Pg_finfo_record {
+    const V1: pg_sys::Pg_finfo_record = pg_sys::Pg_finfo_record { api_version: 1 };
+    &V1
+}
+
+/// What `lockext_fence_guard` does before the body runs: records whether the UPDATE names
+/// the token column (`NAMED`), and finds the body (by its qualified name: no search path).
+#[pg_guard]
+unsafe extern "C-unwind" fn prepare_guard(
+    fcinfo: pg_sys::FunctionCallInfo,
+    body: *mut pg_sys::FmgrInfo,
+) {
+    unsafe {
+        NAMED.set(update_names_token_column(fcinfo));
+        let name = |part: &CStr| pg_sys::makeString(pg_sys::pstrdup(part.as_ptr())).cast();
+        let names = pg_sys::lappend(
+            pg_sys::lappend(std::ptr::null_mut(), name(c"lockext")),
+            name(c"fence_guard_row"),
+        );
+        let oid = pg_sys::LookupFuncName(names, 0, std::ptr::null(), true);
+        if oid == pg_sys::InvalidOid {
+            NAMED.set(None);
+            // Only a hand-made change to lockext's own objects gets here.
+            ErrorReport::new(
+                PgSqlErrorCode::ERRCODE_UNDEFINED_FUNCTION,
+                "function lockext.fence_guard_row() does not exist",
+                "lockext",
+            )
+            .set_hint("Create the extension again: lockext.fence_guard runs it.")
+            .report(PgLogLevel::ERROR);
+        }
+        pg_sys::fmgr_info(oid, body);
+    }
+}
+
+/// Whether the UPDATE that fired this trigger call names the column that the trigger's
+/// first argument names; None for anything else (the body reports a misuse itself).
+unsafe fn update_names_token_column(fcinfo: pg_sys::FunctionCallInfo) -> Option<bool> {
+    unsafe {
+        let context = (*fcinfo).context;
+        if context.is_null() || (*context).type_ != pg_sys::NodeTag::T_TriggerData {
+            return None;
+        }
+        let data = context.cast::<pg_sys::TriggerData>();
+        if (*data).tg_event & pg_sys::TRIGGER_EVENT_OPMASK != pg_sys::TRIGGER_EVENT_UPDATE {
+            return None;
+        }
+        let trigger = (*data).tg_trigger;
+        if trigger.is_null() || (*trigger).tgnargs < 1 || (*trigger).tgargs.is_null() {
+            return None;
+        }
+        let attnum = pg_sys::SPI_fnumber((*(*data).tg_relation).rd_att, *(*trigger).tgargs);
+        if attnum <= 0 {
+            return None;
+        }
+        Some(pg_sys::bms_is_member(
+            attnum - pg_sys::FirstLowInvalidHeapAttributeNumber,
+            (*data).tg_updatedcols,
+        ))
+    }
 }
 
 /// The current transaction, as this backend numbers them, and the current role.

@@ -395,10 +395,10 @@ fn preloaded_0_2_0_restarted_onto_this_library_then_updated() {
         "the reaper touches nothing meanwhile"
     );
 
-    // The update, then every lease, mark and waiter as 0.3.0 serves them.
+    // The update, then every lease, mark and waiter as the current version serves them.
     su.batch_execute("SET lock_timeout = '10s'; ALTER EXTENSION lockext UPDATE")
         .expect("the update");
-    assert_eq!(version(&mut su), "0.3.0");
+    assert_eq!(version(&mut su), "0.4.0");
     check_leases_and_marks(&s, &held, false);
     let mut other = session(&s.cluster, "other");
     assert_eq!(
@@ -495,7 +495,7 @@ fn not_preloaded_0_2_0_old_sessions_beside_new_ones_and_an_update_behind_a_waite
     assert!(waited > held.highest(), "the waiter's token {waited}");
     su.batch_execute("SET lock_timeout = '10s'; ALTER EXTENSION lockext UPDATE")
         .expect("the update, once no transaction holds the tables");
-    assert_eq!(version(&mut su), "0.3.0");
+    assert_eq!(version(&mut su), "0.4.0");
 
     // An old session cannot run 0.2.0's code on 0.3.0's tables: its library lacks the
     // symbols the updated functions call. It must reconnect.
@@ -582,8 +582,8 @@ fn sql_0_1_0_served_by_this_library_then_updated() {
     );
 
     su.batch_execute("SET lock_timeout = '10s'; ALTER EXTENSION lockext UPDATE")
-        .expect("0.1.0 to 0.3.0");
-    assert_eq!(version(&mut su), "0.3.0");
+        .expect("0.1.0 to 0.4.0");
+    assert_eq!(version(&mut su), "0.4.0");
     eventually(
         Duration::from_secs(10),
         "the reaper clears the expired lease",
