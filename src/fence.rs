@@ -12,14 +12,14 @@
 //! themselves, with lockext's own SQLSTATE 55L01, which pgrx cannot carry through a Rust
 //! function.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::ffi::CStr;
 
 use pgrx::datum::DatumWithOid;
 use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::pg_sys::{self, BuiltinOid::*};
 use pgrx::prelude::*;
-use pgrx::PgSqlErrorCode;
+use pgrx::{register_subxact_callback, PgSqlErrorCode, PgSubXactCallbackEvent};
 
 use crate::backend;
 use crate::caller::{self, Needs};
@@ -100,11 +100,49 @@ fn fence_read_check(resource_id: Option<Text<'_>>, fence_token: Option<i64>) -> 
     caller::as_member(|| read_check(resource_id, fence_token)).or_report()
 }
 
+/// One role's declaration of its writer's token in the current transaction, made in
+/// subtransaction `sub` (undone when that subtransaction rolls back).
+struct Declared {
+    role: pg_sys::Oid,
+    sub: pg_sys::SubTransactionId,
+    token: i64,
+}
+
 thread_local! {
-    // The writer's token declared in this backend: (its transaction, the declaring role,
-    // the token). Only that transaction's writes by that role may use it.
-    static DECLARED: Cell<Option<(pg_sys::LocalTransactionId, pg_sys::Oid, i64)>> =
-        const { Cell::new(None) };
+    // The declarations of the current transaction (its number, and one entry per role and
+    // subtransaction, newest last). Only that transaction's writes by that role may use
+    // them: each role its own (a SECURITY DEFINER function of another role that declares
+    // its own token leaves the caller's alone), and a rolled back subtransaction's are
+    // gone (ROLLBACK TO SAVEPOINT undoes a declaration, explicit or made by a write).
+    static DECLARED: RefCell<(pg_sys::LocalTransactionId, Vec<Declared>)> =
+        const { RefCell::new((0, Vec::new())) };
+    // The transaction the rollback callback is registered for (pgrx forgets its
+    // subtransaction callbacks when a transaction ends).
+    static WATCHING: Cell<pg_sys::LocalTransactionId> = const { Cell::new(0) };
+}
+
+/// This transaction's declarations, emptied when it is a new transaction.
+fn with_declared<R>(f: impl FnOnce(&mut Vec<Declared>) -> R) -> R {
+    let lxid = backend::local_transaction();
+    DECLARED.with(|declared| {
+        let mut declared = declared.borrow_mut();
+        if declared.0 != lxid {
+            *declared = (lxid, Vec::new());
+        }
+        f(&mut declared.1)
+    })
+}
+
+/// Forgets the declarations of a subtransaction that rolls back (and of its children,
+/// whose ids are higher), once per transaction.
+fn watch_subtransactions() {
+    let lxid = backend::local_transaction();
+    if WATCHING.replace(lxid) == lxid {
+        return;
+    }
+    register_subxact_callback(PgSubXactCallbackEvent::AbortSub, |aborted, _parent| {
+        with_declared(|declared| declared.retain(|d| d.sub < aborted));
+    });
 }
 
 /// Declares `fence_token` as the writer's token for this transaction's writes, by the
@@ -124,10 +162,14 @@ fn declare_token(fence_token: Option<i64>) {
 #[search_path(pg_catalog, pg_temp)]
 fn declared_token() -> Option<i64> {
     caller::require(Needs::User).or_report();
-    let (xact, role) = this_writer();
-    DECLARED
-        .get()
-        .and_then(|(x, r, token)| (x == xact && r == role).then_some(token))
+    let role = backend::current_user();
+    with_declared(|declared| {
+        declared
+            .iter()
+            .rev()
+            .find(|d| d.role == role)
+            .map(|d| d.token)
+    })
 }
 
 /// fence_guard's check of one row (sql/fence.sql): declares the writer's `fence_token` (as
@@ -261,17 +303,21 @@ unsafe fn update_names_token_column(fcinfo: pg_sys::FunctionCallInfo) -> Option<
     }
 }
 
-/// The current transaction, as this backend numbers them, and the current role.
-fn this_writer() -> (pg_sys::LocalTransactionId, pg_sys::Oid) {
-    (backend::local_transaction(), backend::current_user())
-}
-
 fn declare(fence_token: Option<i64>) -> Result<(), LockError> {
     let fence_token = error::token("fence_token", fence_token)?;
-    let (xact, role) = this_writer();
+    let role = backend::current_user();
     // Reading the token sequence takes the tables' owner.
     caller::as_owner(|| Spi::connect_mut(|client| token::require_issued(client, fence_token)))?;
-    DECLARED.set(Some((xact, role, fence_token)));
+    watch_subtransactions();
+    let sub = unsafe { pg_sys::GetCurrentSubTransactionId() };
+    with_declared(|declared| {
+        declared.retain(|d| !(d.role == role && d.sub == sub));
+        declared.push(Declared {
+            role,
+            sub,
+            token: fence_token,
+        });
+    });
     Ok(())
 }
 

@@ -75,8 +75,41 @@ SELECT lockext.declare_token(:b);
 RESET ROLE;
 DELETE FROM jobs WHERE id = 1;
 ROLLBACK;
+-- Each role has its own: a SECURITY DEFINER function of another role that declares that
+-- role's token (for its own guarded table) leaves the caller's declaration as it was.
+CREATE FUNCTION pg_temp.declare_as_definer(t bigint) RETURNS void LANGUAGE sql SECURITY DEFINER
+    SET search_path = pg_catalog AS 'SELECT lockext.declare_token(t)';
+ALTER FUNCTION pg_temp.declare_as_definer(bigint) OWNER TO regress_declarer;
+BEGIN;
+SELECT lockext.declare_token(:b);
+SELECT pg_temp.declare_as_definer(:a);
+SELECT lockext.declared_token() = :b AS callers_declaration_kept;
+ROLLBACK;
+DROP FUNCTION pg_temp.declare_as_definer(bigint);
 REVOKE DELETE ON jobs FROM regress_declarer;
 DROP ROLE regress_declarer;
+-- ROLLBACK TO SAVEPOINT undoes a declaration made after the savepoint, explicit or made by
+-- an accepted write (an INSERT declares its token), and keeps one made before it.
+BEGIN;
+SAVEPOINT s;
+SELECT lockext.declare_token(:b);
+ROLLBACK TO s;
+SELECT lockext.declared_token() AS declared_after_rollback_to;
+DELETE FROM jobs WHERE id = 1;
+ROLLBACK;
+BEGIN;
+SAVEPOINT s;
+INSERT INTO jobs VALUES (99, 'rolled back', :b);
+ROLLBACK TO s;
+SELECT lockext.declared_token() AS declared_after_rollback_to;
+ROLLBACK;
+BEGIN;
+SELECT lockext.declare_token(:b);
+SAVEPOINT s;
+SELECT lockext.declare_token(:a);
+ROLLBACK TO s;
+SELECT lockext.declared_token() = :b AS outer_declaration_kept;
+ROLLBACK;
 SELECT lockext.declare_token(:b + 1000000);  -- never issued
 SELECT count(*) AS jobs_left FROM jobs;
 -- A declared token newer than the row's is written into the row.
