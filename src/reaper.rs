@@ -122,7 +122,7 @@ static OWN_SCHEMA: Statement = Statement {
 
 static REAP_VALUES: Statement = Statement {
     sql: include_str!("../sql/run/reaper/reap_values.sql"),
-    params: &[INT4OID, TIMESTAMPTZOID],
+    params: &[INT4OID],
 };
 
 // And session-bound leases whose session has ended without releasing them, in two steps
@@ -1035,7 +1035,7 @@ pub fn reap_batch(limit: i32) -> Result<(u64, bool), LockError> {
             let purged = PURGE_KEEPALIVES.run(client, &[keepalives.into()])?.len();
             more |= locked_all && purged > 0; // a full batch that made progress: go on
         }
-        let values = REAP_VALUES.run(client, &[DatumWithOid::from(limit), now.into()])?;
+        let values = REAP_VALUES.run(client, &[DatumWithOid::from(limit)])?;
         more |= values.len() >= limit as usize;
         // Session-bound leases whose session is gone: lock them, read the backend table
         // afresh, then end those still without a session.
