@@ -13,8 +13,9 @@
 //!   whose lockext was dropped is let go (its reaper_status row freed) the same way.
 //! - A round deletes expired leases in batches of `lockext.reap_batch_size`, each batch its
 //!   own short transaction, skipping rows that a client has locked (`SKIP LOCKED`): it
-//!   never waits for a client and a client never waits for it. The next round of that
-//!   database starts `lockext.reap_interval` after it ended.
+//!   never waits for a client and a client never waits for it, and at most
+//!   `lockext.reap_round_batches` batches. The next round of that database starts
+//!   `lockext.reap_interval` after it ended.
 //!
 //! Why a process per round: PostgreSQL refuses DROP DATABASE (and ALTER DATABASE RENAME or
 //! SET TABLESPACE, and CREATE DATABASE from it as a template) while another process is
@@ -918,8 +919,9 @@ enum RoundError {
     },
 }
 
-/// Deletes batches of expired leases until a batch comes back short, or until a DROP
-/// DATABASE (or the like) wants the database (then `None`). Returns the round's reporter
+/// Deletes batches of expired leases until a batch comes back short or
+/// `lockext.reap_round_batches` of them ran, or until a DROP DATABASE (or the like) wants
+/// the database (then `None`). Returns the round's reporter
 /// and how many it deleted.
 fn reap_round(
     database: pg_sys::Oid,
@@ -959,6 +961,7 @@ fn reap_round(
     }
     let reporter = reporter();
     let mut reaped = 0u64;
+    let mut batches = 0;
     loop {
         let batch_size = settings::REAP_BATCH_SIZE.get();
         let batch = in_transaction(|| {
@@ -981,7 +984,10 @@ fn reap_round(
         reaped += n;
         reporter.batch(n);
         crate::stats::add(crate::stats::Counter::LeasesReaped, n);
-        if !more {
+        // Bounded by the operator's setting: each batch is bounded (its statements' plans
+        // are), so a round ends within reap_round_batches of them.
+        batches += 1;
+        if !more || batches >= settings::REAP_ROUND_BATCHES.get() {
             return Ok(Some((reporter, reaped)));
         }
         pg_sys::check_for_interrupts!();

@@ -119,3 +119,39 @@ fn pg_terminate_backend_ends_a_round_inside_its_statement() {
         "the round went on waiting for its lock after SIGTERM, until its lock_timeout: {lines:?}"
     );
 }
+
+#[test]
+fn a_round_runs_at_most_reap_round_batches_batches() {
+    let cluster = Cluster::start(
+        "reap-round-bound",
+        "lockext.database = ''\nlockext.reap_interval = '100ms'\n\
+         lockext.reap_batch_size = 100\nlockext.reap_round_batches = 1",
+    );
+    let mut c = cluster.connect();
+    c.batch_execute(
+        "SELECT count(lockext.lock_acquire('round-' || g, 'dead-client', '1 millisecond')) \
+           FROM generate_series(1, 1000) g",
+    )
+    .unwrap();
+    set_and_reload(&mut c, "ALTER SYSTEM SET lockext.database = 'postgres'");
+    eventually(
+        Duration::from_secs(60),
+        "all 1 000 expired leases are reaped",
+        || (count_leases(&mut c) == 0).then_some(()),
+    );
+    let (reaped, rounds): (i64, i64) = {
+        let row = c
+            .query_one(
+                "SELECT reaped_total, rounds FROM lockext.reaper_status() WHERE database = 'postgres'",
+                &[],
+            )
+            .unwrap();
+        (row.get(0), row.get(1))
+    };
+    println!("1 000 leases reaped in {rounds} rounds of one batch of 100");
+    assert_eq!(reaped, 1000);
+    assert!(
+        rounds >= 10,
+        "a round ran more than one batch of 100: {rounds} rounds reaped 1 000 leases"
+    );
+}
