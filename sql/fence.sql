@@ -60,19 +60,29 @@ END $$;
 --       FOR EACH ROW EXECUTE FUNCTION lockext.fence_guard('fence_token' [, 'resource id']);
 -- Every write must say which grant's holder writes, and a holder older than the row's
 -- token is refused. The writer's token is the token column's new value when the write
--- sets one (an INSERT, an UPDATE that changes it); an UPDATE that leaves the column as it
--- is, and a DELETE, carry none in the row (a trigger cannot tell "SET fence_token = 18" to
--- the row's own value from a statement that never named the column), so they use the
--- token the same role declared in the same transaction (lockext.declare_token, which an
--- accepted write with a token also does). Refused otherwise, not accepted as the row's
--- own holder: that is how a stale holder would inherit the newer token. A declared token
--- newer than the row's is written into the row.
+-- sets one: an INSERT, and an UPDATE that names the column in its SET list, even to the
+-- row's own value (the holder that wrote the row writing it again). An UPDATE that leaves
+-- the column out, and a DELETE, carry none of their own, so they use the token the same
+-- role declared in the same transaction (lockext.declare_token, which an accepted write
+-- with a token also does). Refused otherwise, not accepted as the row's own holder: that
+-- is how a stale holder would inherit the newer token. A declared token newer than the
+-- row's is written into the row.
 -- With a resource id, the writer's token also fences that resource (lockext.fence).
+-- lockext.fence_guard is in C (src/fence.rs): PostgreSQL tells a trigger written in C
+-- which columns the UPDATE names, and PL/pgSQL cannot see that; it then runs
+-- lockext.fence_guard_row, the trigger's body, as the same trigger call.
+CREATE FUNCTION lockext.fence_guard() RETURNS trigger
+LANGUAGE c AS 'MODULE_PATHNAME', 'lockext_fence_guard';
+
+-- fence_guard's body; a trigger only lockext.fence_guard runs (alone it would take every
+-- UPDATE as one that leaves the token column out).
 -- Runs with the writer's rights (a trigger running as the extension's owner would run the
 -- table's own type output functions with those rights).
-CREATE FUNCTION lockext.fence_guard() RETURNS trigger
+CREATE FUNCTION lockext.fence_guard_row() RETURNS trigger
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
+    -- Asked first: the answer is for this trigger call only.
+    named     boolean := lockext.token_column_named();
     col       text;
     row_now   jsonb;
     writer    bigint;
@@ -110,10 +120,17 @@ BEGIN
             USING ERRCODE = '42804',
                   HINT = 'Name a bigint column in the trigger''s first argument: it holds the fence token of the row''s writer.';
     END IF;
+    IF TG_OP = 'UPDATE' AND named IS NULL THEN
+        RAISE EXCEPTION 'lockext.fence_guard_row runs only as the body of lockext.fence_guard'
+            USING ERRCODE = '39P01',
+                  HINT = format('CREATE TRIGGER ... BEFORE INSERT OR UPDATE OR DELETE ON %I.%I FOR EACH ROW EXECUTE FUNCTION lockext.fence_guard(%L)',
+                                TG_TABLE_SCHEMA, TG_TABLE_NAME, col);
+    END IF;
     IF TG_OP <> 'INSERT' THEN
         old_token := (to_jsonb(OLD) ->> col)::bigint;
     END IF;
-    IF TG_OP = 'INSERT' OR (TG_OP = 'UPDATE' AND (row_now ->> col)::bigint IS DISTINCT FROM old_token) THEN
+    IF TG_OP = 'INSERT' OR (TG_OP = 'UPDATE' AND (coalesce(named, false)
+                                                  OR (row_now ->> col)::bigint IS DISTINCT FROM old_token)) THEN
         writer := (row_now ->> col)::bigint;
         IF writer IS NULL THEN
             RAISE EXCEPTION 'a row of %.% must carry a fence token in "%"', TG_TABLE_SCHEMA, TG_TABLE_NAME, col
@@ -126,12 +143,16 @@ BEGIN
     ELSE
         writer := lockext.declared_token();
         IF writer IS NULL THEN
-            RAISE EXCEPTION '% on %.% that does not set "%" must declare the writer''s fence token',
-                            CASE TG_OP WHEN 'DELETE' THEN 'a DELETE' ELSE 'an UPDATE' END,
-                            TG_TABLE_SCHEMA, TG_TABLE_NAME, col
+            RAISE EXCEPTION '% must declare the writer''s fence token',
+                            CASE TG_OP WHEN 'DELETE' THEN format('a DELETE on %s.%s', TG_TABLE_SCHEMA, TG_TABLE_NAME)
+                                       ELSE format('an UPDATE on %s.%s that leaves "%s" out of its SET list',
+                                                   TG_TABLE_SCHEMA, TG_TABLE_NAME, col) END
                 USING ERRCODE = '22004',
                       DETAIL = 'The row carries no token of its writer: without one, a holder whose lease was lost could write over a newer holder''s row.',
-                      HINT = format('SELECT lockext.declare_token(<token>) first, in the same transaction and as the same role, or set "%s" in the UPDATE.', col);
+                      HINT = CASE TG_OP
+                             WHEN 'DELETE' THEN 'SELECT lockext.declare_token(<token>) first, in the same transaction and as the same role.'
+                             ELSE format('SELECT lockext.declare_token(<token>) first, in the same transaction and as the same role, or SET "%s" = <token> in the UPDATE.', col)
+                             END;
         END IF;
     END IF;
     -- Declares the writer's token (refusing one never issued): this transaction's later

@@ -39,12 +39,6 @@ pub fn local_transaction() -> pg_sys::LocalTransactionId {
     unsafe { (*pg_sys::MyProc).lxid }
 }
 
-/// Whether the client's transaction goes on after the current statement (`BEGIN`, or
-/// several statements sent as one).
-pub fn in_transaction_block() -> bool {
-    unsafe { pg_sys::IsTransactionBlock() }
-}
-
 /// Whether the transaction reads one snapshot throughout (REPEATABLE READ, SERIALIZABLE).
 pub fn snapshot_per_transaction() -> bool {
     (unsafe { pg_sys::XactIsoLevel }) > pg_sys::XACT_READ_COMMITTED as i32

@@ -130,18 +130,19 @@ pub fn try_claim_alone(key: &str) -> bool {
 }
 
 /// Claims the creation of `owner`'s shared-lease row for `lock_id`; false when another
-/// transaction is creating or changing it right now.
-pub fn try_claim_row(lock_id: Text<'_>, owner: Text<'_>) -> bool {
+/// transaction is creating or changing it right now. Past the budget, refused (53200) as
+/// the other claims are: a row created without its claim kept is an uncommitted row that
+/// a rival creating the same row would wait for.
+pub fn try_claim_row(lock_id: Text<'_>, owner: Text<'_>) -> Result<bool, LockError> {
     let key = fnv1a(owner.bytes()) ^ fnv1a(lock_id.bytes()).rotate_left(29);
     let tag = tag_of(ROW_TAG, key);
     match try_lock(&tag, Mode::Exclusive) {
-        None => false,
+        None => Ok(false),
         Some(true) if !keep_another_claim() => {
-            // Past the budget, only tested: a rival creating this same row may then wait.
             unsafe { pg_sys::LockRelease(&tag, Mode::Exclusive.lockmode(), false) };
-            true
+            Err(LockError::TooManyClaims)
         }
-        Some(_) => true,
+        Some(_) => Ok(true),
     }
 }
 

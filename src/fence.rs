@@ -12,11 +12,14 @@
 //! themselves, with lockext's own SQLSTATE 55L01, which pgrx cannot carry through a Rust
 //! function.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
+use std::ffi::CStr;
 
 use pgrx::datum::DatumWithOid;
+use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::pg_sys::{self, BuiltinOid::*};
 use pgrx::prelude::*;
+use pgrx::{register_subxact_callback, PgSqlErrorCode, PgSubXactCallbackEvent};
 
 use crate::backend;
 use crate::caller::{self, Needs};
@@ -97,11 +100,49 @@ fn fence_read_check(resource_id: Option<Text<'_>>, fence_token: Option<i64>) -> 
     caller::as_member(|| read_check(resource_id, fence_token)).or_report()
 }
 
+/// One role's declaration of its writer's token in the current transaction, made in
+/// subtransaction `sub` (undone when that subtransaction rolls back).
+struct Declared {
+    role: pg_sys::Oid,
+    sub: pg_sys::SubTransactionId,
+    token: i64,
+}
+
 thread_local! {
-    // The writer's token declared in this backend: (its transaction, the declaring role,
-    // the token). Only that transaction's writes by that role may use it.
-    static DECLARED: Cell<Option<(pg_sys::LocalTransactionId, pg_sys::Oid, i64)>> =
-        const { Cell::new(None) };
+    // The declarations of the current transaction (its number, and one entry per role and
+    // subtransaction, newest last). Only that transaction's writes by that role may use
+    // them: each role its own (a SECURITY DEFINER function of another role that declares
+    // its own token leaves the caller's alone), and a rolled back subtransaction's are
+    // gone (ROLLBACK TO SAVEPOINT undoes a declaration, explicit or made by a write).
+    static DECLARED: RefCell<(pg_sys::LocalTransactionId, Vec<Declared>)> =
+        const { RefCell::new((0, Vec::new())) };
+    // The transaction the rollback callback is registered for (pgrx forgets its
+    // subtransaction callbacks when a transaction ends).
+    static WATCHING: Cell<pg_sys::LocalTransactionId> = const { Cell::new(0) };
+}
+
+/// This transaction's declarations, emptied when it is a new transaction.
+fn with_declared<R>(f: impl FnOnce(&mut Vec<Declared>) -> R) -> R {
+    let lxid = backend::local_transaction();
+    DECLARED.with(|declared| {
+        let mut declared = declared.borrow_mut();
+        if declared.0 != lxid {
+            *declared = (lxid, Vec::new());
+        }
+        f(&mut declared.1)
+    })
+}
+
+/// Forgets the declarations of a subtransaction that rolls back (and of its children,
+/// whose ids are higher), once per transaction.
+fn watch_subtransactions() {
+    let lxid = backend::local_transaction();
+    if WATCHING.replace(lxid) == lxid {
+        return;
+    }
+    register_subxact_callback(PgSubXactCallbackEvent::AbortSub, |aborted, _parent| {
+        with_declared(|declared| declared.retain(|d| d.sub < aborted));
+    });
 }
 
 /// Declares `fence_token` as the writer's token for this transaction's writes, by the
@@ -121,10 +162,14 @@ fn declare_token(fence_token: Option<i64>) {
 #[search_path(pg_catalog, pg_temp)]
 fn declared_token() -> Option<i64> {
     caller::require(Needs::User).or_report();
-    let (xact, role) = this_writer();
-    DECLARED
-        .get()
-        .and_then(|(x, r, token)| (x == xact && r == role).then_some(token))
+    let role = backend::current_user();
+    with_declared(|declared| {
+        declared
+            .iter()
+            .rev()
+            .find(|d| d.role == role)
+            .map(|d| d.token)
+    })
 }
 
 /// fence_guard's check of one row (sql/fence.sql): declares the writer's `fence_token` (as
@@ -147,17 +192,132 @@ fn fence_row(fence_token: Option<i64>, row_token: Option<i64>) -> bool {
         .or_report()
 }
 
-/// The current transaction, as this backend numbers them, and the current role.
-fn this_writer() -> (pg_sys::LocalTransactionId, pg_sys::Oid) {
-    (backend::local_transaction(), backend::current_user())
+thread_local! {
+    // Whether the UPDATE that fired fence_guard names the token column in its SET list,
+    // for the trigger's body to read once (`token_column_named`); None outside an UPDATE.
+    static NAMED: Cell<Option<bool>> = const { Cell::new(None) };
+}
+
+/// fence_guard's body (`lockext.fence_guard_row`, sql/fence.sql) asks, first thing, whether
+/// the UPDATE that fired it names the token column in its SET list: true, false, or NULL
+/// when it was not fired through `lockext.fence_guard` by an UPDATE. Answers once (a
+/// second call says NULL). Reveals nothing of anyone else's, so PUBLIC's.
+#[pg_extern(volatile, parallel_unsafe)]
+fn token_column_named() -> Option<bool> {
+    NAMED.take()
+}
+
+/// `lockext.fence_guard`, the trigger: learns from PostgreSQL which columns the UPDATE
+/// names (`TriggerData.tg_updatedcols`, which a PL/pgSQL trigger cannot see), so that
+/// `SET fence_token = <the row's own token>` counts as the writer's token, then runs the
+/// body, `lockext.fence_guard_row`, as the same trigger call. Not a pgrx function: the
+/// body raises lockext's own SQLSTATE 55L01, which must reach the client as it is, and a
+/// pgrx boundary would turn any SQLSTATE it does not know into XX000. So nothing here has a
+/// destructor: an ERROR of the body passes through this frame as PostgreSQL's own
+/// longjmp, and the setup that may fail runs in `prepare_guard`, a guarded function.
+///
+/// # Safety
+/// Called by PostgreSQL's function manager only, with a valid `fcinfo`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C-unwind" fn lockext_fence_guard(
+    fcinfo: pg_sys::FunctionCallInfo,
+) -> pg_sys::Datum {
+    unsafe {
+        let mut body: pg_sys::FmgrInfo = std::mem::zeroed();
+        prepare_guard(fcinfo, &mut body);
+        let mut call: pg_sys::FunctionCallInfoBaseData = std::mem::zeroed();
+        call.flinfo = &mut body;
+        call.context = (*fcinfo).context;
+        call.fncollation = pg_sys::InvalidOid;
+        let Some(run) = body.fn_addr else {
+            return pg_sys::Datum::from(0);
+        };
+        let result = run(&mut call);
+        NAMED.set(None);
+        (*fcinfo).isnull = call.isnull;
+        result
+    }
+}
+
+/// Version 1 of the function manager's calling convention, for `lockext_fence_guard`.
+#[unsafe(no_mangle)]
+pub extern "C" fn pg_finfo_lockext_fence_guard() -> &'static pg_sys::Pg_finfo_record {
+    const V1: pg_sys::Pg_finfo_record = pg_sys::Pg_finfo_record { api_version: 1 };
+    &V1
+}
+
+/// What `lockext_fence_guard` does before the body runs: records whether the UPDATE names
+/// the token column (`NAMED`), and finds the body (by its qualified name: no search path).
+#[pg_guard]
+unsafe extern "C-unwind" fn prepare_guard(
+    fcinfo: pg_sys::FunctionCallInfo,
+    body: *mut pg_sys::FmgrInfo,
+) {
+    unsafe {
+        NAMED.set(update_names_token_column(fcinfo));
+        let name = |part: &CStr| pg_sys::makeString(pg_sys::pstrdup(part.as_ptr())).cast();
+        let names = pg_sys::lappend(
+            pg_sys::lappend(std::ptr::null_mut(), name(c"lockext")),
+            name(c"fence_guard_row"),
+        );
+        let oid = pg_sys::LookupFuncName(names, 0, std::ptr::null(), true);
+        if oid == pg_sys::InvalidOid {
+            NAMED.set(None);
+            // Only a hand-made change to lockext's own objects gets here.
+            ErrorReport::new(
+                PgSqlErrorCode::ERRCODE_UNDEFINED_FUNCTION,
+                "function lockext.fence_guard_row() does not exist",
+                "lockext",
+            )
+            .set_hint("Create the extension again: lockext.fence_guard runs it.")
+            .report(PgLogLevel::ERROR);
+        }
+        pg_sys::fmgr_info(oid, body);
+    }
+}
+
+/// Whether the UPDATE that fired this trigger call names the column that the trigger's
+/// first argument names; None for anything else (the body reports a misuse itself).
+unsafe fn update_names_token_column(fcinfo: pg_sys::FunctionCallInfo) -> Option<bool> {
+    unsafe {
+        let context = (*fcinfo).context;
+        if context.is_null() || (*context).type_ != pg_sys::NodeTag::T_TriggerData {
+            return None;
+        }
+        let data = context.cast::<pg_sys::TriggerData>();
+        if (*data).tg_event & pg_sys::TRIGGER_EVENT_OPMASK != pg_sys::TRIGGER_EVENT_UPDATE {
+            return None;
+        }
+        let trigger = (*data).tg_trigger;
+        if trigger.is_null() || (*trigger).tgnargs < 1 || (*trigger).tgargs.is_null() {
+            return None;
+        }
+        let attnum = pg_sys::SPI_fnumber((*(*data).tg_relation).rd_att, *(*trigger).tgargs);
+        if attnum <= 0 {
+            return None;
+        }
+        Some(pg_sys::bms_is_member(
+            attnum - pg_sys::FirstLowInvalidHeapAttributeNumber,
+            (*data).tg_updatedcols,
+        ))
+    }
 }
 
 fn declare(fence_token: Option<i64>) -> Result<(), LockError> {
     let fence_token = error::token("fence_token", fence_token)?;
-    let (xact, role) = this_writer();
+    let role = backend::current_user();
     // Reading the token sequence takes the tables' owner.
     caller::as_owner(|| Spi::connect_mut(|client| token::require_issued(client, fence_token)))?;
-    DECLARED.set(Some((xact, role, fence_token)));
+    watch_subtransactions();
+    let sub = unsafe { pg_sys::GetCurrentSubTransactionId() };
+    with_declared(|declared| {
+        declared.retain(|d| !(d.role == role && d.sub == sub));
+        declared.push(Declared {
+            role,
+            sub,
+            token: fence_token,
+        });
+    });
     Ok(())
 }
 

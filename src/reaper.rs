@@ -13,8 +13,9 @@
 //!   whose lockext was dropped is let go (its reaper_status row freed) the same way.
 //! - A round deletes expired leases in batches of `lockext.reap_batch_size`, each batch its
 //!   own short transaction, skipping rows that a client has locked (`SKIP LOCKED`): it
-//!   never waits for a client and a client never waits for it. The next round of that
-//!   database starts `lockext.reap_interval` after it ended.
+//!   never waits for a client and a client never waits for it, and at most
+//!   `lockext.reap_round_batches` batches. The next round of that database starts
+//!   `lockext.reap_interval` after it ended.
 //!
 //! Why a process per round: PostgreSQL refuses DROP DATABASE (and ALTER DATABASE RENAME or
 //! SET TABLESPACE, and CREATE DATABASE from it as a template) while another process is
@@ -30,6 +31,7 @@
 //! so a hot standby runs none; after promotion the postmaster starts it. Both kinds of
 //! process reload settings on SIGHUP and leave on SIGTERM or when the postmaster dies.
 
+use std::cell::Cell;
 use std::collections::{HashMap, HashSet};
 use std::ffi::CStr;
 use std::time::{Duration, Instant};
@@ -121,7 +123,7 @@ static OWN_SCHEMA: Statement = Statement {
 
 static REAP_VALUES: Statement = Statement {
     sql: include_str!("../sql/run/reaper/reap_values.sql"),
-    params: &[INT4OID, TIMESTAMPTZOID],
+    params: &[INT4OID],
 };
 
 // And session-bound leases whose session has ended without releasing them, in two steps
@@ -241,6 +243,24 @@ pub fn register_launcher() {
         .load();
 }
 
+unsafe extern "C-unwind" {
+    // PostgreSQL's own SIGTERM handler (tcop/postgres.c), by its C symbol: pg_sys::die is a
+    // Rust wrapper around it, which must not run as a signal handler.
+    #[link_name = "die"]
+    fn postgres_die(signal: std::ffi::c_int);
+}
+
+/// Both kinds of process reload settings on SIGHUP, and leave on SIGTERM (a shutdown,
+/// `pg_terminate_backend`) as a backend does, through PostgreSQL's own `die`: it sets
+/// `ProcDiePending`, so the next CHECK_FOR_INTERRUPTS ends the process with FATAL wherever
+/// it is, inside a running statement, a lock wait or a latch wait. A flag of our own would
+/// be read only between statements, and a statement that ran for minutes kept the server
+/// from stopping.
+fn attach_signal_handlers() {
+    unsafe { pg_sys::pqsignal(pg_sys::SIGTERM as i32, Some(postgres_die)) };
+    BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP);
+}
+
 /// A worker runs as the bootstrap superuser, with the database's own search_path (and any
 /// `ALTER DATABASE ... SET search_path`) unless told otherwise: a member who can create
 /// objects in a schema on it (`public`, in many databases) could plant an `array_agg(text)`
@@ -260,11 +280,14 @@ fn pin_search_path() {
 #[pg_guard]
 #[unsafe(no_mangle)]
 pub extern "C-unwind" fn lockext_launcher_main(_arg: pg_sys::Datum) {
-    BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
+    attach_signal_handlers();
     // No database: the launcher reads only pg_database, a shared catalog.
     BackgroundWorker::connect_worker_to_spi(None, None);
     pin_search_path();
     let mut launcher = Launcher::new();
+    LAUNCHER.set(&mut launcher);
+    let forget = ForgetLauncher;
+    unsafe { pg_sys::before_shmem_exit(Some(stop_rounds_at_exit), pg_sys::Datum::from(0)) };
     loop {
         launcher.tick();
         // Woken early by a reload, or by the postmaster when a round starts or stops
@@ -277,7 +300,34 @@ pub extern "C-unwind" fn lockext_launcher_main(_arg: pg_sys::Datum) {
             launcher.reloaded();
         }
     }
+    drop(forget);
     launcher.stop_all();
+}
+
+/// Clears `LAUNCHER` when the launcher's state goes (dropped after it unwinds from a panic).
+struct ForgetLauncher;
+
+impl Drop for ForgetLauncher {
+    fn drop(&mut self) {
+        LAUNCHER.set(std::ptr::null_mut());
+    }
+}
+
+thread_local! {
+    // The launcher's state while its loop runs, for `stop_rounds_at_exit`.
+    static LAUNCHER: Cell<*mut Launcher> = const { Cell::new(std::ptr::null_mut()) };
+}
+
+/// A launcher that leaves in the middle of its loop (SIGTERM, FATAL) stops its rounds as
+/// one that leaves its loop does: a launcher started again would not know them. Runs
+/// while the loop's frame, which `LAUNCHER` points into, is still on the stack (an exit
+/// does not unwind it).
+#[pg_guard]
+unsafe extern "C-unwind" fn stop_rounds_at_exit(_code: std::ffi::c_int, _arg: pg_sys::Datum) {
+    let launcher = LAUNCHER.replace(std::ptr::null_mut());
+    if let Some(launcher) = unsafe { launcher.as_mut() } {
+        launcher.stop_all();
+    }
 }
 
 /// Why a served database waits for its next round.
@@ -771,7 +821,7 @@ fn finish(slot: usize, outcome: &Outcome) {
 #[pg_guard]
 #[unsafe(no_mangle)]
 pub extern "C-unwind" fn lockext_reaper_main(arg: pg_sys::Datum) {
-    BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
+    attach_signal_handlers();
     let slot = arg.value();
     let Some(Job {
         database,
@@ -869,8 +919,9 @@ enum RoundError {
     },
 }
 
-/// Deletes batches of expired leases until a batch comes back short, or until a DROP
-/// DATABASE (or the like) wants the database (then `None`). Returns the round's reporter
+/// Deletes batches of expired leases until a batch comes back short or
+/// `lockext.reap_round_batches` of them ran, or until a DROP DATABASE (or the like) wants
+/// the database (then `None`). Returns the round's reporter
 /// and how many it deleted.
 fn reap_round(
     database: pg_sys::Oid,
@@ -916,6 +967,7 @@ fn reap_round(
     }
     let reporter = reporter();
     let mut reaped = 0u64;
+    let mut batches = 0;
     loop {
         let batch_size = settings::REAP_BATCH_SIZE.get();
         let batch = in_transaction(|| {
@@ -938,9 +990,13 @@ fn reap_round(
         reaped += n;
         reporter.batch(n);
         crate::stats::add(crate::stats::Counter::LeasesReaped, n);
-        if !more || BackgroundWorker::sigterm_received() {
+        // Bounded by the operator's setting: each batch is bounded (its statements' plans
+        // are), so a round ends within reap_round_batches of them.
+        batches += 1;
+        if !more || batches >= settings::REAP_ROUND_BATCHES.get() {
             return Ok(Some((reporter, reaped)));
         }
+        pg_sys::check_for_interrupts!();
         if BackgroundWorker::sighup_received() {
             unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
         }
@@ -991,7 +1047,7 @@ pub fn reap_batch(limit: i32) -> Result<(u64, bool), LockError> {
             let purged = PURGE_KEEPALIVES.run(client, &[keepalives.into()])?.len();
             more |= locked_all && purged > 0; // a full batch that made progress: go on
         }
-        let values = REAP_VALUES.run(client, &[DatumWithOid::from(limit), now.into()])?;
+        let values = REAP_VALUES.run(client, &[DatumWithOid::from(limit)])?;
         more |= values.len() >= limit as usize;
         // Session-bound leases whose session is gone: lock them, read the backend table
         // afresh, then end those still without a session.

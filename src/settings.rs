@@ -39,6 +39,7 @@ pub fn durability() -> Durability {
 pub static DATABASE: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c"*"));
 pub static REAP_INTERVAL_MS: GucSetting<i32> = GucSetting::<i32>::new(1000);
 pub static REAP_BATCH_SIZE: GucSetting<i32> = GucSetting::<i32>::new(1000);
+pub static REAP_ROUND_BATCHES: GucSetting<i32> = GucSetting::<i32>::new(100);
 pub static LOCK_DELAY_MS: GucSetting<i32> = GucSetting::<i32>::new(0);
 pub static NOTIFY: GucSetting<bool> = GucSetting::<bool>::new(false);
 pub static NOTIFY_QUEUE_LIMIT: GucSetting<f64> = GucSetting::<f64>::new(0.5);
@@ -85,6 +86,17 @@ pub fn define() {
         &REAP_BATCH_SIZE,
         1,
         100_000,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"lockext.reap_round_batches",
+        c"How many batches one round of the reaper runs at most.",
+        c"A round ends after that many (or once a batch comes back short); what is left \
+          waits for the next round, lockext.reap_interval later.",
+        &REAP_ROUND_BATCHES,
+        1,
+        1_000_000,
         GucContext::Sighup,
         GucFlags::default(),
     );

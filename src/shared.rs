@@ -180,7 +180,7 @@ pub fn attempt(
         return Ok((None, None));
     }
     let row_exists = look.row_exists;
-    let granted = if !row_exists && !claims::try_claim_row(request.lock_id, request.owner) {
+    let granted = if !row_exists && !claims::try_claim_row(request.lock_id, request.owner)? {
         None // this owner's row is being created right now
     } else {
         let mine_live = look.mine_live;

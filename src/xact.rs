@@ -5,7 +5,6 @@ use std::panic::AssertUnwindSafe;
 use pgrx::pg_sys::panic::CaughtError;
 use pgrx::prelude::*;
 
-use crate::backend;
 use crate::error::LockError;
 
 /// Runs `body` in a transaction of its own: committed when it returns Ok, rolled back when
@@ -93,21 +92,18 @@ pub fn all_or_nothing<T>(
 /// change: PostgreSQL keeps the lock of a row that fails the recheck of `FOR UPDATE` (the
 /// row changed after the statement's snapshot) to the end of the transaction.
 ///
-/// Inside a transaction block (`BEGIN`, or several statements sent as one), where the
-/// client's transaction goes on after this call, the statement runs in a subtransaction
-/// that is rolled back when it found nothing (`all_or_nothing`). Outside one the
-/// transaction ends with the statement that called us, and the lock with it, so the
-/// subtransaction is not paid for: it costs a second transaction id per call, and more
-/// than 64 kept ones in a transaction overflow the backend's cache of subtransaction ids,
-/// which makes every snapshot in the cluster dearer while the transaction lasts.
+/// Always in a subtransaction that is rolled back when the statement found nothing
+/// (`all_or_nothing`), outside a transaction block too: the transaction goes on after this
+/// call whenever anything else runs after it before the transaction ends (a `DO` block, a
+/// function, a procedure, `SELECT f(), pg_sleep(10)`), and nothing here can know that it
+/// will not. The cost: a subtransaction that changed something is kept, with its own
+/// transaction id (a call that writes takes two), and more than 64 kept ones in one
+/// transaction overflow the backend's cache of subtransaction ids, which makes every
+/// snapshot in the cluster dearer while that transaction lasts.
 pub fn kept_if_found<T>(
     statement: impl FnOnce() -> Result<Option<T>, LockError>,
 ) -> Result<Option<T>, LockError> {
-    if backend::in_transaction_block() {
-        all_or_nothing(statement)
-    } else {
-        statement()
-    }
+    all_or_nothing(statement)
 }
 
 /// Runs a renewal or a release (`attempt`), and again while it found nothing although

@@ -5,9 +5,11 @@
 -- value stored a moment before that happened belongs to a grant no reader shows
 -- (holders.sql joins on the live lease's token). No lease row is locked: a setter never
 -- delays a grant, renewal or release. Where it stores, it deletes the values of this lock
--- id whose grant is no longer live (released, expired, taken over), which nobody shows,
--- skipping any another transaction has locked (a stale holder's open transaction must not
--- hold up the new holder).
+-- id whose grant is gone (released, taken over, or its expired lease reaped: no lease row
+-- has its token), which nobody shows, skipping any another transaction has locked (a
+-- stale holder's open transaction must not hold up the new holder). An expired lease in
+-- its lock-delay keeps its value: a renewal that read the clock before the expiry may
+-- still renew it.
 -- $1 lock_id, $2 owner, $3 role (the calling role), $4 now (the call's clock),
 -- $5 fence_token, $6 value, $7 notify (lockext.notify: send a value_set event)
 WITH held AS (
@@ -30,11 +32,9 @@ WITH held AS (
               FROM lockext.lease_values AS o
              WHERE o.lock_id = $1 AND o.fence_token <> $5 AND EXISTS (SELECT FROM held)
                AND NOT EXISTS (SELECT FROM lockext.locks AS l
-                                WHERE l.lock_id = o.lock_id AND l.fence_token = o.fence_token
-                                  AND lockext.lease_expiry(l.expires_at, l.keepalive) > $4)
+                                WHERE l.lock_id = o.lock_id AND l.fence_token = o.fence_token)
                AND NOT EXISTS (SELECT FROM lockext.shared_leases AS s
-                                WHERE s.lock_id = o.lock_id AND s.fence_token = o.fence_token
-                                  AND lockext.lease_expiry(s.expires_at, s.keepalive) > $4)
+                                WHERE s.lock_id = o.lock_id AND s.fence_token = o.fence_token)
                FOR UPDATE SKIP LOCKED) AS orphan
      WHERE v.lock_id = orphan.lock_id AND v.fence_token = orphan.fence_token
 )

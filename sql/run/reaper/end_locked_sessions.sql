@@ -1,29 +1,40 @@
 -- The second step (see lock_ended_sessions.sql): of the rows the first step locked, deletes
 -- those whose session still looks dead, with the backend table read again now that the
 -- locks are held, and returns each (lock_id), with an event for LISTENers when asked.
+-- Bounded whatever the statistics say: the rows are chosen once (MATERIALIZED CTEs, which
+-- no plan runs again for each row of another input) and found by their key in the first
+-- step's arrays, an index condition.
 -- $1 notify (lockext.notify: send events), $2 lock ids and $3 owners of lockext.locks,
 -- $4 lock ids and $5 owners of lockext.shared_leases (the first step's arrays)
-WITH x AS (DELETE FROM lockext.locks AS l
-            USING (SELECT lock_id, owner
-                     FROM lockext.locks AS s
-                    WHERE s.session_start IS NOT NULL
-                      AND (s.lock_id, s.owner) IN (SELECT * FROM unnest($2::text[], $3::text[]))
-                      AND NOT EXISTS (SELECT FROM pg_catalog.pg_stat_get_activity(NULL) AS a
-                                       WHERE a.pid = s.taker_pid
-                                         AND a.backend_start = s.session_start)
-                      FOR UPDATE SKIP LOCKED) AS c
-            WHERE l.lock_id = c.lock_id AND l.owner = c.owner
+WITH xc AS MATERIALIZED (
+        SELECT lock_id, owner
+          FROM lockext.locks AS s
+         WHERE s.lock_id = ANY ($2::text[])
+           AND (s.lock_id, s.owner) IN (SELECT * FROM unnest($2::text[], $3::text[]))
+           AND s.session_start IS NOT NULL
+           AND NOT EXISTS (SELECT FROM pg_catalog.pg_stat_get_activity(NULL) AS a
+                            WHERE a.pid = s.taker_pid
+                              AND a.backend_start = s.session_start)
+           FOR UPDATE SKIP LOCKED),
+     shc AS MATERIALIZED (
+        SELECT lock_id, owner
+          FROM lockext.shared_leases AS s
+         WHERE s.lock_id = ANY ($4::text[])
+           AND (s.lock_id, s.owner) IN (SELECT * FROM unnest($4::text[], $5::text[]))
+           AND s.session_start IS NOT NULL
+           AND NOT EXISTS (SELECT FROM pg_catalog.pg_stat_get_activity(NULL) AS a
+                            WHERE a.pid = s.taker_pid
+                              AND a.backend_start = s.session_start)
+           FOR UPDATE SKIP LOCKED),
+     x AS (DELETE FROM lockext.locks AS l
+            USING xc AS c
+            WHERE l.lock_id = ANY (ARRAY(SELECT lock_id FROM xc))
+              AND l.lock_id = c.lock_id AND l.owner = c.owner
            RETURNING l.lock_id, l.fence_token),
      sh AS (DELETE FROM lockext.shared_leases AS l
-             USING (SELECT lock_id, owner
-                      FROM lockext.shared_leases AS s
-                     WHERE s.session_start IS NOT NULL
-                       AND (s.lock_id, s.owner) IN (SELECT * FROM unnest($4::text[], $5::text[]))
-                       AND NOT EXISTS (SELECT FROM pg_catalog.pg_stat_get_activity(NULL) AS a
-                                        WHERE a.pid = s.taker_pid
-                                          AND a.backend_start = s.session_start)
-                       FOR UPDATE SKIP LOCKED) AS c
-             WHERE l.lock_id = c.lock_id AND l.owner = c.owner
+             USING shc AS c
+             WHERE l.lock_id = ANY (ARRAY(SELECT lock_id FROM shc))
+               AND l.lock_id = c.lock_id AND l.owner = c.owner
             RETURNING l.lock_id, l.fence_token),
      reaped AS (SELECT lock_id, fence_token FROM x
                 UNION ALL

@@ -4,15 +4,24 @@
 -- LISTENers when asked. An ended keep-alive is never renewed, so its leases never live
 -- again; FOR UPDATE OF l re-checks the newest version of each lease, so one taken over
 -- since (attached to another keep-alive, or none) is left alone.
+-- Bounded whatever the statistics say: the victims are chosen once (a MATERIALIZED CTE,
+-- which no plan runs again for each row of another input: a nested loop that re-ran a
+-- LIMIT ... FOR UPDATE subquery for every lease kept a round busy for minutes on a table
+-- whose statistics said it was empty), and the DELETE finds its rows by the
+-- victims' row addresses (a TID scan): no plan reads the whole table for one batch, nor
+-- every lease of a lock that many hold. A victim is locked by the batch and unchanged
+-- since its lock (a row that changed after the statement's snapshot and still looked
+-- expired would be left to the next batch: the address is its newest version's).
 -- $1 limit (leases at most), $2 notify (lockext.notify: send events), $3 now (the batch's clock)
-WITH reaped AS (DELETE FROM lockext.shared_leases AS l
-                 USING (SELECT l.lock_id, l.owner
-                          FROM lockext.keepalives AS k
-                          JOIN lockext.shared_leases AS l ON l.keepalive = k.keepalive
-                         WHERE k.ended AND lockext.free_at(k.expires_at, l.lock_delay) <= $3
-                         LIMIT $1
-                           FOR UPDATE OF l SKIP LOCKED) AS doomed
-                 WHERE l.lock_id = doomed.lock_id AND l.owner = doomed.owner
+WITH doomed AS MATERIALIZED (
+             SELECT l.lock_id, l.owner, l.ctid
+               FROM lockext.keepalives AS k
+               JOIN lockext.shared_leases AS l ON l.keepalive = k.keepalive
+              WHERE k.ended AND lockext.free_at(k.expires_at, l.lock_delay) <= $3
+              LIMIT $1
+                FOR UPDATE OF l SKIP LOCKED),
+     reaped AS (DELETE FROM lockext.shared_leases AS l
+                 WHERE l.ctid = ANY (ARRAY(SELECT ctid FROM doomed))
                 RETURNING l.lock_id, l.fence_token)
 SELECT lock_id,
        CASE WHEN $2 THEN pg_catalog.pg_notify('lockext', pg_catalog.json_build_object(

@@ -6,15 +6,22 @@
 -- every lease, live or in its lock-delay (clock_timestamp() is volatile, and would make it
 -- a filter over the whole index). FOR UPDATE re-checks on the newest version of each row,
 -- so a lease renewed a moment ago is left alone.
+-- Bounded whatever the statistics say: the victims are chosen once (a MATERIALIZED CTE,
+-- which no plan runs again for each row of another input: a nested loop that re-ran a
+-- LIMIT ... FOR UPDATE subquery for every lease kept a round busy for minutes on a table
+-- whose statistics said it was empty), and the DELETE finds its rows by their key in the
+-- victims' array, an index condition: no plan reads the whole table for one batch. (The
+-- key alone: a lock's one lease, which nobody changes while the batch holds its lock.)
 -- $1 limit (leases at most), $2 notify (lockext.notify: send events), $3 now (the batch's clock)
-WITH reaped AS (DELETE FROM lockext.locks AS l
-                 USING (SELECT lock_id, owner
-                          FROM lockext.locks
-                         WHERE lockext.free_at(expires_at, lock_delay) <= $3
-                         ORDER BY lockext.free_at(expires_at, lock_delay)
-                         LIMIT $1
-                           FOR UPDATE SKIP LOCKED) AS doomed
-                 WHERE l.lock_id = doomed.lock_id AND l.owner = doomed.owner
+WITH doomed AS MATERIALIZED (
+             SELECT lock_id, owner
+               FROM lockext.locks
+              WHERE lockext.free_at(expires_at, lock_delay) <= $3
+              ORDER BY lockext.free_at(expires_at, lock_delay)
+              LIMIT $1
+                FOR UPDATE SKIP LOCKED),
+     reaped AS (DELETE FROM lockext.locks AS l
+                 WHERE l.lock_id = ANY (ARRAY(SELECT lock_id FROM doomed))
                 RETURNING l.lock_id, l.fence_token)
 SELECT lock_id,
        CASE WHEN $2 THEN pg_catalog.pg_notify('lockext', pg_catalog.json_build_object(

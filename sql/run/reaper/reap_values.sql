@@ -1,18 +1,27 @@
--- One batch of the reaper: deletes values whose grant is no longer live (released,
--- expired, taken over; nobody shows them), at most $1 of them, and returns each (lock_id).
+-- One batch of the reaper: deletes values whose grant is gone (released, taken over, or
+-- its expired lease reaped; nobody shows them), at most $1 of them, and returns each
+-- (lock_id). A grant is there while a lease row has its lock id and token, live or not:
+-- a lease in its lock-delay keeps its value, since a renewal that read the clock before
+-- the expiry may still renew it (its holder, still the leader, must not find its value
+-- gone), and so does a lease that a renewal has locked right now. The value goes in the
+-- batch after its lease's.
 -- Reads every stored value: there is one per grant that set one (leaders, mostly), few
 -- next to the leases. SKIP LOCKED: a setter storing a value at this moment is left alone.
--- $1 limit (values at most), $2 now (the batch's clock)
-DELETE FROM lockext.lease_values AS v
- USING (SELECT lock_id, fence_token
+-- Bounded whatever the statistics say: the values are chosen once (a MATERIALIZED CTE,
+-- which no plan runs again for each row of another input), and the DELETE finds them by
+-- their lock ids, an index condition.
+-- $1 limit (values at most)
+WITH orphan AS MATERIALIZED (
+        SELECT lock_id, fence_token
           FROM lockext.lease_values AS o
          WHERE NOT EXISTS (SELECT FROM lockext.locks AS l
-                            WHERE l.lock_id = o.lock_id AND l.fence_token = o.fence_token
-                              AND lockext.lease_expiry(l.expires_at, l.keepalive) > $2)
+                            WHERE l.lock_id = o.lock_id AND l.fence_token = o.fence_token)
            AND NOT EXISTS (SELECT FROM lockext.shared_leases AS s
-                            WHERE s.lock_id = o.lock_id AND s.fence_token = o.fence_token
-                              AND lockext.lease_expiry(s.expires_at, s.keepalive) > $2)
+                            WHERE s.lock_id = o.lock_id AND s.fence_token = o.fence_token)
          LIMIT $1
-           FOR UPDATE SKIP LOCKED) AS orphan
- WHERE v.lock_id = orphan.lock_id AND v.fence_token = orphan.fence_token
+           FOR UPDATE SKIP LOCKED)
+DELETE FROM lockext.lease_values AS v
+ USING orphan
+ WHERE v.lock_id = ANY (ARRAY(SELECT lock_id FROM orphan))
+   AND v.lock_id = orphan.lock_id AND v.fence_token = orphan.fence_token
 RETURNING v.lock_id

@@ -62,7 +62,14 @@ struct Variant {
     r_frames: &'static [&'static str],
     /// The table H's lease lives in.
     table: &'static str,
+    /// R's acquire runs outside a transaction block, in a statement that goes on after it
+    /// (it then waits for an advisory lock the test holds): the transaction is as open as
+    /// after BEGIN, although `IsTransactionBlock()` says no.
+    goes_on: bool,
 }
+
+/// The advisory lock a statement that goes on waits for.
+const GATE: i64 = 4711;
 
 fn extra(kind: &str) -> String {
     if kind.is_empty() {
@@ -269,7 +276,13 @@ fn run_once(cluster: &Cluster, attempt: usize, ttl_ms: u64, v: &Variant) -> bool
 
     // 3. R's acquire, in a transaction that stays open; it sees H's lease dead and stops
     //    about to lock its row.
-    r.batch_execute("BEGIN").expect("R's BEGIN");
+    if v.goes_on {
+        setup
+            .execute("SELECT pg_advisory_lock($1)", &[&GATE])
+            .expect("close the gate");
+    } else {
+        r.batch_execute("BEGIN").expect("R's BEGIN");
+    }
     let mut r_gdb = Gdb::attach_and_break(r_pid, R_BREAK_AT);
     println!(
         "[{}] gdb attached to R's backend {r_pid}, breakpoint on {R_BREAK_AT} ({})",
@@ -277,12 +290,18 @@ fn run_once(cluster: &Cluster, attempt: usize, ttl_ms: u64, v: &Variant) -> bool
         at()
     );
     let (r_tx, r_rx) = mpsc::channel();
-    let (acquire_owner, r_kind) = (r_owner.clone(), v.r_kind);
+    let (acquire_owner, r_kind, goes_on) = (r_owner.clone(), v.r_kind, v.goes_on);
     thread::spawn(move || {
+        // The select list runs for the acquire's row, after the acquire.
+        let then = if goes_on {
+            ", pg_advisory_xact_lock(4711)::text"
+        } else {
+            ""
+        };
         let got = r
             .query_one(
                 &format!(
-                    "SELECT fence_token FROM lockext.lock_acquire($1, $2, '1 minute'{})",
+                    "SELECT fence_token{then} FROM lockext.lock_acquire($1, $2, '1 minute'{})",
                     extra(r_kind)
                 ),
                 &[&LOCK, &acquire_owner],
@@ -337,25 +356,50 @@ fn run_once(cluster: &Cluster, attempt: usize, ttl_ms: u64, v: &Variant) -> bool
          returned NULL"
     );
 
-    // 5. R goes on: it meets the renewed row, is refused; its transaction stays open.
+    // 5. R goes on: it meets the renewed row, is refused; its transaction stays open (after
+    //    BEGIN; or in its statement, which waits for the gate).
     r_gdb.release();
     drop(r_gdb);
-    let (mut r, got) = r_rx
-        .recv_timeout(Duration::from_secs(15))
-        .expect("R's acquire returns once gdb detached");
-    let got = got.unwrap_or_else(|e| panic!("R's acquire failed: {e}"));
+    let mut returned = None;
+    if v.goes_on {
+        eventually(
+            Duration::from_secs(15),
+            "R's statement waits for the gate, after its acquire",
+            || {
+                let waits: bool = setup
+                    .query_one(
+                        "SELECT count(*) = 1 FROM pg_stat_activity \
+                          WHERE pid = $1 AND wait_event_type = 'Lock' AND wait_event = 'advisory'",
+                        &[&r_pid],
+                    )
+                    .expect("R's wait")
+                    .get(0);
+                waits.then_some(())
+            },
+        );
+    } else {
+        returned = Some(
+            r_rx.recv_timeout(Duration::from_secs(15))
+                .expect("R's acquire returns once gdb detached"),
+        );
+    }
+    let mut got = returned.as_ref().map(|(_, got)| {
+        got.clone()
+            .unwrap_or_else(|e| panic!("R's acquire failed: {e}"))
+    });
     println!(
         "[{}] R's acquire ({}): {} ({}); R's transaction stays open",
         v.name,
         v.r_statement,
         match got {
-            Some(t) => format!("granted, token {t}"),
-            None => "refused (NULL)".to_string(),
+            Some(Some(t)) => format!("granted, token {t}"),
+            Some(None) => "refused (NULL)".to_string(),
+            None => "done, its statement waits for the gate".to_string(),
         },
         at()
     );
     assert!(
-        got.is_none(),
+        got.flatten().is_none(),
         "R's acquire was granted (token {got:?}) beside H's renewed lease; holders {:?}",
         holders_of(&mut setup)
     );
@@ -382,7 +426,21 @@ fn run_once(cluster: &Cluster, attempt: usize, ttl_ms: u64, v: &Variant) -> bool
     }
 
     // For the message only: the same renewal once R's transaction has ended.
-    r.batch_execute("ROLLBACK").expect("R's ROLLBACK");
+    if v.goes_on {
+        setup
+            .execute("SELECT pg_advisory_unlock($1)", &[&GATE])
+            .expect("open the gate");
+        let (_, after_gate) = r_rx
+            .recv_timeout(Duration::from_secs(15))
+            .expect("R's statement returns once the gate opens");
+        got = Some(after_gate.unwrap_or_else(|e| panic!("R's statement failed: {e}")));
+        assert!(
+            got.flatten().is_none(),
+            "R's acquire was granted (token {got:?}) beside H's renewed lease"
+        );
+    } else if let Some((mut r, _)) = returned {
+        r.batch_execute("ROLLBACK").expect("R's ROLLBACK");
+    }
     let after = renew(&mut h, &h_owner);
     println!(
         "[{}] H's renewal after R's ROLLBACK: {}",
@@ -422,6 +480,7 @@ fn a_refused_shared_acquire_keeps_no_lock_on_a_renewed_exclusive_lease() {
         r_statement: "CLEAR_DEAD_EXCLUSIVE",
         r_frames: &["lockext::grant::clear_dead", "lockext::shared::attempt"],
         table: "lockext.locks",
+        goes_on: false,
     });
 }
 
@@ -438,6 +497,7 @@ fn a_refused_exclusive_acquire_keeps_no_lock_on_a_renewed_shared_lease() {
             "lockext::lease::attempt", // attempt_exclusive, inlined into it or not
         ],
         table: "lockext.shared_leases",
+        goes_on: false,
     });
 }
 
@@ -454,6 +514,7 @@ fn a_refused_take_over_keeps_no_lock_on_a_renewed_exclusive_lease() {
         // is still on the stack depends on what the compiler inlined.
         r_frames: &["lockext::grant::take", "lockext::grant::grant_by"],
         table: "lockext.locks",
+        goes_on: false,
     });
 }
 
@@ -467,6 +528,23 @@ fn a_refused_permit_keeps_no_lock_on_a_renewed_permit_in_its_slot() {
         r_statement: "CLEAR_DEAD_SLOT",
         r_frames: &["lockext::grant::clear_dead", "lockext::shared::attempt"],
         table: "lockext.shared_leases",
+        goes_on: false,
+    });
+}
+
+/// As the take-over above, with R's acquire outside a transaction block, in a statement
+/// that goes on after it (as a DO block, a function, or `SELECT lock_acquire(...), f()`).
+#[test]
+fn a_refused_take_over_in_a_statement_that_goes_on_keeps_no_lock() {
+    held_row(&Variant {
+        name: "held-goes-on",
+        h_kind: "",
+        h_mode: "exclusive",
+        r_kind: "",
+        r_statement: "TAKE_OVER",
+        r_frames: &["lockext::grant::take", "lockext::grant::grant_by"],
+        table: "lockext.locks",
+        goes_on: true,
     });
 }
 

@@ -395,7 +395,7 @@ fn preloaded_0_2_0_restarted_onto_this_library_then_updated() {
         "the reaper touches nothing meanwhile"
     );
 
-    // The update, then every lease, mark and waiter as 0.3.0 serves them.
+    // The update, then every lease, mark and waiter as the current version serves them.
     su.batch_execute("SET lock_timeout = '10s'; ALTER EXTENSION lockext UPDATE")
         .expect("the update");
     assert_eq!(version(&mut su), Package::installed().version);
@@ -595,7 +595,7 @@ fn sql_0_1_0_served_by_this_library_then_updated() {
     );
 
     su.batch_execute("SET lock_timeout = '10s'; ALTER EXTENSION lockext UPDATE")
-        .expect("0.1.0 to 0.3.0");
+        .expect("0.1.0 to the current version");
     assert_eq!(version(&mut su), Package::installed().version);
     eventually(
         Duration::from_secs(10),

@@ -34,9 +34,11 @@ SELECT owner FROM lockext.lock_acquire('job', 'w2', '1 minute');
 SELECT lockext.lock_release('short', 'w1') AS expired_release;
 SELECT count(*) AS rows_left FROM lockext.locks WHERE lock_id = 'short';
 
--- An autocommit renewal takes one transaction id: its row locks end with its statement, so
--- it runs in no subtransaction (which would take a second id). Inside a transaction block
--- it does (tests/cluster/tests/held_row.rs shows why).
+-- A renewal runs in a subtransaction, kept when it renewed, rolled back when it found
+-- nothing, so that a refused call keeps no row lock while its transaction goes on (a DO
+-- block, a function, a statement that calls something after it: held_row.rs shows why).
+-- An autocommit renewal that renews so takes two transaction ids, its own and its
+-- subtransaction's.
 SELECT pg_current_xact_id() AS x0 \gset
 SELECT lockext.lock_renew('job', 'w2', '1 minute') IS NOT NULL AS renewed;
-SELECT pg_current_xact_id()::text::bigint - :'x0'::text::bigint AS ids_since;  -- the renewal's, this one's
+SELECT pg_current_xact_id()::text::bigint - :'x0'::text::bigint AS ids_since;  -- the renewal's two, this one's

@@ -35,12 +35,19 @@ INSERT INTO jobs VALUES (1, 'queued', :a);
 UPDATE jobs SET state = 'running', fence_token = :b WHERE id = 1;       -- higher: accepted
 UPDATE jobs SET state = 'stale', fence_token = :a WHERE id = 1;         -- lower: rejected
 SELECT id, state, fence_token = :b AS holds_b FROM jobs;
--- A write that leaves the token as it is carries no writer's token in the row: whether it
--- names the column or not (a trigger cannot tell), it must declare one, or it is refused
--- (22004). A stale holder that declares its own token is refused (55L01), and so is one
--- that declares nothing; the row's holder that declares its token writes.
+-- An UPDATE that leaves the token column out of its SET list carries no writer's token: it
+-- must declare one, or it is refused (22004). One that names the column carries the
+-- token it sets, even the row's own: the holder writes its row again, and the token it
+-- set counts as declared for its transaction's next writes.
 UPDATE jobs SET state = 'stale, without a token' WHERE id = 1;
 UPDATE jobs SET state = 'again', fence_token = :b WHERE id = 1;
+BEGIN;
+UPDATE jobs SET state = 'and again', fence_token = :b WHERE id = 1;
+UPDATE jobs SET state = 'once more, declared by the last write' WHERE id = 1;
+COMMIT;
+SELECT id, state, fence_token = :b AS holds_b FROM jobs;
+-- A stale holder that declares its own token is refused (55L01), and so is one that
+-- declares nothing; the row's holder that declares its token writes.
 BEGIN;
 SELECT lockext.declare_token(:a);
 UPDATE jobs SET state = 'stale, declared' WHERE id = 1;
@@ -68,8 +75,41 @@ SELECT lockext.declare_token(:b);
 RESET ROLE;
 DELETE FROM jobs WHERE id = 1;
 ROLLBACK;
+-- Each role has its own: a SECURITY DEFINER function of another role that declares that
+-- role's token (for its own guarded table) leaves the caller's declaration as it was.
+CREATE FUNCTION pg_temp.declare_as_definer(t bigint) RETURNS void LANGUAGE sql SECURITY DEFINER
+    SET search_path = pg_catalog AS 'SELECT lockext.declare_token(t)';
+ALTER FUNCTION pg_temp.declare_as_definer(bigint) OWNER TO regress_declarer;
+BEGIN;
+SELECT lockext.declare_token(:b);
+SELECT pg_temp.declare_as_definer(:a);
+SELECT lockext.declared_token() = :b AS callers_declaration_kept;
+ROLLBACK;
+DROP FUNCTION pg_temp.declare_as_definer(bigint);
 REVOKE DELETE ON jobs FROM regress_declarer;
 DROP ROLE regress_declarer;
+-- ROLLBACK TO SAVEPOINT undoes a declaration made after the savepoint, explicit or made by
+-- an accepted write (an INSERT declares its token), and keeps one made before it.
+BEGIN;
+SAVEPOINT s;
+SELECT lockext.declare_token(:b);
+ROLLBACK TO s;
+SELECT lockext.declared_token() AS declared_after_rollback_to;
+DELETE FROM jobs WHERE id = 1;
+ROLLBACK;
+BEGIN;
+SAVEPOINT s;
+INSERT INTO jobs VALUES (99, 'rolled back', :b);
+ROLLBACK TO s;
+SELECT lockext.declared_token() AS declared_after_rollback_to;
+ROLLBACK;
+BEGIN;
+SELECT lockext.declare_token(:b);
+SAVEPOINT s;
+SELECT lockext.declare_token(:a);
+ROLLBACK TO s;
+SELECT lockext.declared_token() = :b AS outer_declaration_kept;
+ROLLBACK;
 SELECT lockext.declare_token(:b + 1000000);  -- never issued
 SELECT count(*) AS jobs_left FROM jobs;
 -- A declared token newer than the row's is written into the row.
@@ -139,6 +179,14 @@ CREATE TABLE noargs_t (id int, fence_token bigint);
 CREATE TRIGGER noargs_t_fence BEFORE INSERT ON noargs_t
     FOR EACH ROW EXECUTE FUNCTION lockext.fence_guard();
 INSERT INTO noargs_t VALUES (1, :b);
+-- fence_guard's body, lockext.fence_guard_row, is no trigger of its own: alone it cannot
+-- know which columns an UPDATE names.
+CREATE TABLE body_t (id int, fence_token bigint);
+INSERT INTO body_t VALUES (1, :b);
+CREATE TRIGGER body_t_fence BEFORE UPDATE ON body_t
+    FOR EACH ROW EXECUTE FUNCTION lockext.fence_guard_row('fence_token');
+UPDATE body_t SET fence_token = :b;
+SELECT lockext.token_column_named() AS named_outside_a_trigger;
 
 -- 3. lockext.lock_check(lock_id, fence_token): is that exact grant still live? With fence,
 --    a transaction can demand both the newest token and a live lease.

@@ -146,6 +146,15 @@ ROLLBACK;
 BEGIN;
 SELECT count(*) FROM generate_series(1, 40) AS g, lockext.lock_acquire('bulk-' || g, 'b', '1 minute') AS x;
 ROLLBACK;
+-- Shared leases of one lock id, each for another owner, are past the budget too: each new
+-- row needs its claim kept (another transaction creating the same owner's row would wait
+-- for this one's uncommitted row), so a member is refused (53200), not let through.
+BEGIN;
+SET LOCAL ROLE regress_bulk;
+SELECT count(*) FROM generate_series(1, 60) AS g,
+       LATERAL lockext.lock_acquire('sx', 'm-' || g, '10 minutes', mode => 'shared') AS a
+ WHERE a.fence_token IS NOT NULL;
+ROLLBACK;
 DROP ROLE regress_bulk;
 -- Bad sets.
 SELECT * FROM lockext.lock_acquire_all(ARRAY[]::text[], 'batch', '1 minute');
