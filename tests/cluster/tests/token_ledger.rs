@@ -647,3 +647,95 @@ fn a_reinstall_with_reused_oids_hands_out_no_token_again() {
     checks.above("after the reinstall with reused oids", &after, &before);
     checks.finish();
 }
+
+/// `pg_upgrade` (here from PostgreSQL 15 to 15: the same steps as between major versions)
+/// makes a new cluster: a new system identifier, timeline 1, relations copied, no WAL and
+/// no `pg_lockext/ledger`. The old cluster was on a later timeline (a failover, so a
+/// higher era). Upgraded twice from the same old cluster: once as docs/upgrading.md says
+/// (the ledger's file copied into the new data directory), once without it (each
+/// database's evidence adopted). Either way every new token is above every old one.
+#[test]
+fn pg_upgrade_keeps_every_token_below_the_next() {
+    let mut checks = Checks::new("pg_upgrade");
+    let first = Cluster::start("ledger-pgup-first", "");
+    // A failover first: the old cluster's era is the timeline's (2), above 0.
+    let old = base_backup(&first, "ledger-pgup-old", "-R", "");
+    drop(first);
+    let mut c = promote_alone(&old);
+    sql(&mut c, "CREATE DATABASE app");
+    let mut app = old.connect_to("app");
+    sql(&mut app, "CREATE EXTENSION lockext");
+    let mut seen = grant_many(&mut c, "old", 3);
+    seen.extend(grant_many(&mut app, "old-app", 3));
+    sql(
+        &mut app,
+        &format!("SELECT lockext.fence('res', {})", seen[5]),
+    );
+    drop((c, app));
+    old.pg_ctl("stop -m fast -w -t 60");
+    println!(
+        "pg_upgrade: the old cluster's tokens {seen:?} (eras {:?})",
+        eras(&seen)
+    );
+
+    for copy_ledger in [true, false] {
+        let tag = if copy_ledger { "copied" } else { "adopted" };
+        let new = Cluster::init_with_env(&format!("ledger-pgup-new-{tag}"), "", &[]);
+        as_postgres(&format!(
+            "cd {dir} && {PG_BIN}/pg_upgrade -b {PG_BIN} -B {PG_BIN} -d {old} -D {new} \
+             -p {op} -P {np} -U postgres -s {dir}",
+            dir = new.dir.display(),
+            old = old.data().display(),
+            new = new.data().display(),
+            op = old.port,
+            np = new.port,
+        ));
+        if copy_ledger {
+            as_postgres(&format!(
+                "cp -a {}/pg_lockext {}/",
+                old.data().display(),
+                new.data().display()
+            ));
+        }
+        new.pg_ctl("start -w -t 60");
+        let mut c = new.connect();
+        let mut app = new.connect_to("app");
+        let tl = timeline(&mut c);
+        let after_app = grant_many(&mut app, &format!("new-app-{tag}"), 3);
+        let after = grant_many(&mut c, &format!("new-{tag}"), 3);
+        println!(
+            "pg_upgrade, ledger {tag}: timeline {tl}; app {after_app:?}, postgres {after:?} (eras {:?})",
+            eras(&after_app)
+        );
+        checks.above(
+            &format!("ledger {tag}: app, against every old token"),
+            &after_app,
+            &seen,
+        );
+        checks.above(
+            &format!("ledger {tag}: postgres, against every old token"),
+            &after,
+            &seen,
+        );
+        let accepted: bool = app
+            .query_one(
+                "SELECT lockext.fenced_update('res', $1, '{}'::jsonb)",
+                &[&after_app[0]],
+            )
+            .map(|r| r.get(0))
+            .unwrap_or(false);
+        checks.check(
+            accepted,
+            format!("ledger {tag}: the fenced resource takes the new holder's write"),
+        );
+        let stale = app
+            .query_one("SELECT lockext.fence('res', $1)", &[&seen[5]])
+            .is_err();
+        checks.check(
+            stale,
+            format!("ledger {tag}: and refuses the old holder's token"),
+        );
+        checks.in_range(&format!("ledger {tag}"), &after);
+    }
+    checks.finish();
+}

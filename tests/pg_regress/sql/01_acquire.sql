@@ -1,12 +1,12 @@
 -- lock_acquire(lock_id, owner, ttl) returns a lockext.lock_grant, or NULL when a live
--- lease holds the lock. Tokens come from one sequence: a fresh database starts at 1.
+-- lease holds the lock. Tokens come from the cluster's ledger: a fresh cluster starts at 1.
 
 -- A free lock is granted. Owners should say who holds the lock: host, pid, trace id.
 SELECT lock_id, owner, fence_token, expires_at - acquired_at AS lease
   FROM lockext.lock_acquire('orders', 'worker-1@host-a:4242', '30 seconds');
 
 -- A token is an era over a counter (see README, "Tokens"): layout 2 (every token below
--- 2^53), era 0 (the first installation of a fresh cluster), and the counter's first value.
+-- 2^53), era 0 (a fresh cluster on its first timeline), and the counter's first value.
 SELECT layout, era, counter
   FROM lockext.locks, lockext.token_parts(fence_token) WHERE lock_id = 'orders';
 

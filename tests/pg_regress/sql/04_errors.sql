@@ -27,6 +27,8 @@ SELECT pg_temp.try($$SELECT lockext.fenced_update('r', 1, NULL)$$);
 -- 22023 invalid_parameter_value: empty ids, ttl out of (0, 1 day], tokens below 1,
 -- tokens never issued.
 SELECT pg_temp.try($$SELECT lockext.lock_acquire('', 'w', '1 minute')$$);
+SELECT pg_temp.try($$SELECT * FROM lockext.token_parts(-1)$$);
+SELECT pg_temp.try($$SELECT * FROM lockext.token_parts(0)$$);
 SELECT pg_temp.try($$SELECT lockext.lock_acquire('l', '', '1 minute')$$);
 SELECT pg_temp.try($$SELECT lockext.lock_acquire('l', 'w', '0 seconds')$$);
 SELECT pg_temp.try($$SELECT lockext.lock_acquire('l', 'w', '-5 seconds')$$);
