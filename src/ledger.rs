@@ -315,10 +315,16 @@ fn dir() -> PathBuf {
     PathBuf::from(data.to_string_lossy().into_owned()).join(DIR)
 }
 
-/// The timeline this server writes WAL on. Not during recovery: the redo function uses
-/// its record's.
-fn timeline_now() -> u32 {
-    unsafe { pg_sys::GetWALInsertionTimeLine() }
+/// The timeline this server writes WAL on. Refused during recovery (a hot standby's
+/// backends read 0 there, which would move the ledger): only the redo function touches the
+/// ledger then, with its record's timeline.
+fn timeline_now() -> Result<u32, LockError> {
+    crate::backend::writable_server()?;
+    let timeline = unsafe { pg_sys::GetWALInsertionTimeLine() };
+    if timeline == 0 {
+        return Err(LockError::ReadOnlyServer);
+    }
+    Ok(timeline)
 }
 
 /// The ledger file as it is on disk; None if there is none.
@@ -455,14 +461,16 @@ fn write(shared: &mut Shared, next: State) -> Result<(), LockError> {
 /// The ledger's state now, read from the file if this server has not yet.
 pub fn state() -> Result<State, LockError> {
     require_preloaded()?;
+    timeline_now()?;
     {
         let shared = LEDGER.share();
         if shared.loaded {
             return Ok(shared.state);
         }
     }
+    let timeline = timeline_now()?;
     let mut shared = LEDGER.exclusive();
-    load(&mut shared, timeline_now())?;
+    load(&mut shared, timeline)?;
     Ok(shared.state)
 }
 
@@ -476,7 +484,7 @@ fn require_preloaded() -> Result<(), LockError> {
 /// The state read from disk only, for a backend of a server that did not preload lockext
 /// (fence checks still need to know what was issued).
 pub fn state_unpreloaded() -> Result<Option<State>, LockError> {
-    let timeline = timeline_now();
+    let timeline = timeline_now()?;
     Ok(match read_file()? {
         Some(state) => Some(state.moved_to(timeline)),
         None => from_eras_0_3(timeline)?,
@@ -487,7 +495,7 @@ pub fn state_unpreloaded() -> Result<Option<State>, LockError> {
 /// returns. Returns the state in force.
 pub fn raise(wanted: State) -> Result<State, LockError> {
     require_preloaded()?;
-    let timeline = timeline_now();
+    let timeline = timeline_now()?;
     let mut shared = LEDGER.exclusive();
     load(&mut shared, timeline)?;
     let current = shared.state;
@@ -514,7 +522,7 @@ fn check_era(state: &State, timeline: u32) -> Result<(), LockError> {
 /// The next token: the era in force over the next counter, the counter on disk first.
 pub fn next_token() -> Result<(Layout, i64, i64), LockError> {
     require_preloaded()?;
-    let timeline = timeline_now();
+    let timeline = timeline_now()?;
     let mut shared = LEDGER.exclusive();
     load(&mut shared, timeline)?;
     if shared.state.layout == 0 {
@@ -554,8 +562,7 @@ pub fn next_token() -> Result<(Layout, i64, i64), LockError> {
 /// The highest token this cluster can have handed out: the era in force over the last
 /// counter handed out (the reservation, before this server has handed out any).
 pub fn highest_issued() -> Result<Option<i64>, LockError> {
-    crate::backend::writable_server()?;
-    let timeline = timeline_now();
+    let timeline = timeline_now()?;
     let (state, issued) = if settings::preloaded() {
         let state = state()?;
         let issued = LEDGER.share().issued;
@@ -597,8 +604,19 @@ unsafe extern "C-unwind" fn ledger_redo(record: *mut pg_sys::XLogReaderState) {
     let Some(state) = (unsafe { State::decode(record_data(record)) }) else {
         pgrx::error!("lockext: a ledger record of the wrong size");
     };
-    let timeline = state.timeline;
     let mut shared = LEDGER.exclusive();
+    // Replay runs along one line of history: a record of an earlier timeline (replayed
+    // again after a crash that followed a promotion) meets a file written on a later one.
+    // Merged at the later timeline, nothing moves: only a ledger that comes from another
+    // cluster, met by a running server on a lower timeline, is moved up (`moved_to`).
+    let on_disk = match read_file() {
+        Ok(state) => state,
+        Err(e) => pgrx::error!("lockext: {e}"),
+    };
+    let timeline = state
+        .timeline
+        .max(shared.state.timeline)
+        .max(on_disk.map(|s| s.timeline).unwrap_or(0));
     if let Err(e) = load(&mut shared, timeline) {
         pgrx::error!("lockext: {e}");
     }

@@ -600,6 +600,11 @@ mod tests {
         assert_eq!((w.layout(), w.era(1)), (Layout::Wide, 4098));
         let w = wanted(&kept((12290 << 43) | 3), ledger, 1, US).unwrap();
         assert_eq!((w.layout(), w.era(1)), (Layout::Wide, 12291));
+        // A safe-layout row past the era space stays safe-layout: adopting it is 2200H
+        // (the raise checks the era), never a switch to 0.2.0's layout.
+        let w = wanted(&row(5000, Layout::Safe, US), ledger, 1, US).unwrap();
+        assert_eq!(w.layout(), Layout::Safe);
+        assert!(w.era(1) >= Layout::Safe.era_limit());
         // A Wide ledger never goes back to Safe for a Safe row.
         let wide = State {
             layout: Layout::Wide.code(),

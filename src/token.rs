@@ -69,6 +69,12 @@ static READ_ROW: Statement = Statement {
     params: &[],
 };
 
+// The epoch row of an installation whose SQL is 0.3.0's (no `boot`).
+static READ_ROW_0_3: Statement = Statement {
+    sql: include_str!("../sql/run/token/read_row_0_3.sql"),
+    params: &[],
+};
+
 // The epoch row of an installation whose SQL is older than 0.3.0 (no layout column; 0.2.0's
 // `boot`): always 0.2.0's layout.
 static READ_ROW_0_2: Statement = Statement {
@@ -146,15 +152,22 @@ fn relation(name: &CStr) -> Option<pg_sys::Oid> {
 }
 
 fn read_row(epoch_table: pg_sys::Oid) -> Option<Row> {
-    let has_layout = unsafe { pg_sys::get_attnum(epoch_table, c"layout".as_ptr()) } > 0;
-    let row = if has_layout { &READ_ROW } else { &READ_ROW_0_2 }.read_latest(&[])?;
+    let has = |column: &CStr| unsafe { pg_sys::get_attnum(epoch_table, column.as_ptr()) } > 0;
+    let statement = match (has(c"layout"), has(c"boot")) {
+        (true, true) => &READ_ROW,
+        (true, false) => &READ_ROW_0_3,
+        (false, _) => &READ_ROW_0_2,
+    };
+    let row = statement.read_latest(&[])?;
     let xmin = row.get::<i64>("xmin").unwrap_or(0) as u32;
     let era = row.get::<i64>("epoch").unwrap_or(0);
-    // 0.2.0's epochs are at least 4096 (its timeline in the high bits), beyond any era of
-    // the safe layout: such a row is 0.2.0's, whatever a restore put in its layout column.
+    // A row of 0.1.0 or 0.2.0 (its `boot` set) is of 0.2.0's layout, whatever a restore put
+    // in the layout column; any other row says its layout. A safe-layout row above the era
+    // space is not turned into 0.2.0's: adopting it fails with 2200H.
     let layout = match row.get::<i64>("layout").and_then(Layout::from_code) {
-        Some(Layout::Safe) if era < Layout::Safe.era_limit() => Layout::Safe,
-        _ => Layout::Wide,
+        _ if row.get::<i64>("boot").is_some() => Layout::Wide,
+        Some(layout) => layout,
+        None => Layout::Wide,
     };
     Some(Row {
         era,
@@ -245,6 +258,8 @@ thread_local! {
 /// Raises the ledger above this database's evidence, once per installation per backend.
 /// Returns the oid of lockext.token_epoch.
 pub fn adopt() -> Result<pg_sys::Oid, LockError> {
+    // A hot standby's ledger is its primary's, replayed: nothing to adopt there.
+    backend::writable_server()?;
     let Some(epoch_table) = relation(c"token_epoch") else {
         return Err(LockError::EraRecord {
             detail: "lockext.token_epoch is missing".into(),
@@ -275,6 +290,9 @@ fn record_row(
     layout: Layout,
     era: i64,
 ) -> Result<(), LockError> {
+    if era >= layout.era_limit() {
+        return Err(LockError::TokensExhausted { what: "era" });
+    }
     let key = (
         backend::database().to_u32(),
         epoch_table.to_u32(),
@@ -459,6 +477,9 @@ fn token_era() -> TableIterator<'static, (name!(layout, i32), name!(era, i32))> 
                 ));
             }
             let era = state.era(timeline);
+            if era >= state.layout().era_limit() {
+                return Err(LockError::TokensExhausted { what: "era" });
+            }
             record_row(client, epoch_table, state.layout(), era)?;
             Ok((i32::from(state.layout().code()), era as i32))
         })

@@ -739,3 +739,161 @@ fn pg_upgrade_keeps_every_token_below_the_next() {
     }
     checks.finish();
 }
+
+/// The ledger file of a stopped cluster, as text.
+fn ledger_file(cluster: &Cluster) -> String {
+    fs::read_to_string(cluster.data().join("pg_lockext/ledger")).unwrap_or_default()
+}
+
+/// Rewrites one `key value` line of a stopped cluster's ledger file (for a test that needs
+/// the era near its end without a few thousand failovers).
+fn set_ledger(cluster: &Cluster, key: &str, value: i64) {
+    let path = cluster.data().join("pg_lockext/ledger");
+    let text: String = ledger_file(cluster)
+        .lines()
+        .map(|l| {
+            if l.starts_with(&format!("{key} ")) {
+                format!("{key} {value}\n")
+            } else {
+                format!("{l}\n")
+            }
+        })
+        .collect();
+    fs::write(&path, text).expect("write the ledger");
+}
+
+/// The attack pass on the ledger: a hot standby's backends read timeline 0, and a fence
+/// check there (refused with 25006) first loaded the ledger on timeline 0, which moved its
+/// era base up by the timeline; the next replayed record wrote that into the file, and a
+/// standby restarted and checked again and again spent an era each time. Then a promotion
+/// after a crash: records of the old timeline replayed over a file of the new one moved the
+/// base up by two. Neither may spend an era: only timelines and adoptions do.
+#[test]
+fn a_standby_and_a_crash_after_a_promotion_spend_no_era() {
+    let mut checks = Checks::new("No era spent");
+    let primary = Cluster::start("ledger-spend-primary", "");
+    let mut p = primary.connect();
+    let mut seen = grant_many(&mut p, "first", 1);
+    let standby = base_backup(&primary, "ledger-spend-standby", "-R", "hot_standby = on");
+    for round in 0..2 {
+        standby.pg_ctl("restart -w -t 60");
+        let mut s = standby.reconnect(WITHIN);
+        let refused = s.query_one("SELECT lockext.check_token(1)", &[]);
+        let code = refused
+            .as_ref()
+            .err()
+            .and_then(|e| e.code())
+            .map(|c| c.code().to_string());
+        checks.check(
+            code.as_deref() == Some("25006"),
+            format!("round {round}: a fence check on the standby is refused with 25006 ({code:?})"),
+        );
+        // Enough grants for a new reservation record, replayed by the standby.
+        let more: Vec<i64> = p
+            .query(
+                "SELECT (lockext.lock_acquire('s' || $1::int || '-' || g, 'o', '1 hour')).fence_token \
+                   FROM generate_series(1, 1100) g",
+                &[&round],
+            )
+            .expect("grants")
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        seen.extend(more);
+        let lsn: String = p
+            .query_one("SELECT pg_current_wal_lsn()::text", &[])
+            .unwrap()
+            .get(0);
+        wait_for_replay(&mut s, &lsn, WITHIN);
+    }
+    let on_standby = ledger_file(&standby);
+    checks.check(
+        on_standby.contains("\nbase 0\n"),
+        format!("the standby's ledger keeps base 0: {on_standby:?}"),
+    );
+    // Promoted with its checkpointer stopped (no restartpoint past the old timeline's
+    // records), a grant on the new timeline, then a crash: the records are replayed again.
+    drop(p);
+    primary.pg_ctl("stop -m fast -w -t 60");
+    {
+        let _frozen = freeze(&standby, "checkpointer");
+        standby.pg_ctl("promote -w -t 60");
+        let mut s = wait_for_primary(&standby, WITHIN);
+        seen.extend(grant_many(&mut s, "promoted", 2));
+        drop(s);
+        kill_server(&standby);
+    }
+    let mut s = restart_after_crash(&standby);
+    let era: i32 = s
+        .query_one("SELECT era FROM lockext.token_era()", &[])
+        .expect("token_era")
+        .get(0);
+    let after = grant_many(&mut s, "after-crash", 2);
+    println!(
+        "No era spent: after the crash era {era}, tokens {after:?}; ledger {:?}",
+        ledger_file(&standby)
+    );
+    checks.check(
+        era == 1,
+        format!("timeline 2 is era 1 after the crash ({era})"),
+    );
+    checks.above("after the crash", &after, &seen);
+    checks.finish();
+}
+
+/// The attack pass: at the end of the era space, a member's `token_era()` recorded era 4096
+/// in the epoch row, and adopting that row switched the whole cluster to 0.2.0's layout
+/// (tokens above 2^53). The end is an error, 2200H, for a grant and for `token_era()`
+/// alike, and nothing is recorded.
+#[test]
+fn the_end_of_the_era_space_is_an_error_never_a_wider_layout() {
+    let mut checks = Checks::new("Era space end");
+    let cluster = Cluster::start("ledger-era-end", "");
+    let mut c = cluster.connect();
+    sql(
+        &mut c,
+        "CREATE ROLE member LOGIN; GRANT lockext_user TO member",
+    );
+    grant_many(&mut c, "first", 1);
+    drop(c);
+    cluster.pg_ctl("stop -m fast -w -t 60");
+    // Era 4096 on timeline 1: one past the last.
+    set_ledger(&cluster, "base", 4096);
+    cluster.pg_ctl("start -w -t 60");
+    let member = format!(
+        "host=127.0.0.1 port={} user=member dbname=postgres connect_timeout=10",
+        cluster.port
+    );
+    let mut m = Client::connect(&member, NoTls).expect("connect as member");
+    for (what, q) in [
+        ("token_era()", "SELECT era FROM lockext.token_era()"),
+        (
+            "a grant",
+            "SELECT fence_token FROM lockext.lock_acquire('end', 'o', '1 minute')",
+        ),
+    ] {
+        let code = m
+            .query_one(q, &[])
+            .err()
+            .and_then(|e| e.code().map(|c| c.code().to_string()));
+        checks.check(
+            code.as_deref() == Some("2200H"),
+            format!("{what} at era 4096 fails with 2200H ({code:?})"),
+        );
+    }
+    let mut c = cluster.connect();
+    let recorded: Option<i32> = c
+        .query_one("SELECT (SELECT epoch FROM lockext.token_epoch)", &[])
+        .unwrap()
+        .get(0);
+    checks.check(
+        recorded.is_none_or(|e| e < 4096),
+        format!("no era past the end was recorded ({recorded:?})"),
+    );
+    let file = ledger_file(&cluster);
+    checks.check(
+        file.contains("\nlayout 2\n"),
+        format!("the ledger keeps the safe layout: {file:?}"),
+    );
+    checks.finish();
+}
