@@ -107,7 +107,7 @@ installcheck:
 
 # Tests against real servers through real client connections: they start their own clusters.
 cluster-test: install
-	cargo test --release -p lockext-cluster-tests -- --test-threads=1
+	cargo test --release -p lockext-cluster-tests --no-fail-fast -- --test-threads=1
 
 # Benchmarks side by side (bench/README.md); the smoke run checks the scripts, not numbers.
 bench: install
