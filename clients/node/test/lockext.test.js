@@ -24,7 +24,7 @@ const pg = from('pg')
 const URL = process.env.LOCKEXT_URL || 'postgresql://postgres@127.0.0.1:5499/postgres'
 const DIRECT_URL = process.env.LOCKEXT_DIRECT_URL || URL
 const POOLED = URL !== DIRECT_URL
-const ERA_DB = 'lockext_clients_era' // a second lockext database: its tokens carry era >= 1
+const ERA_DB = 'lockext_clients_era' // a second lockext database, with an adopted history: era >= 1
 
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms))
 const newId = (what) => `node-client:${what}:${crypto.randomBytes(5).toString('hex')}`
@@ -411,6 +411,12 @@ describe('tokens', () => {
       eraUrl = u.toString()
       const c = await connect(eraUrl)
       await c.query('CREATE EXTENSION IF NOT EXISTS lockext')
+      // As a superuser, a row as a dump from another cluster (system identifier 1) in era 1
+      // would bring: the next grant adopts it, and the cluster's era goes above it.
+      await c.query(`INSERT INTO lockext.token_epoch AS t
+                       (singleton, epoch, layout, system_identifier, timeline, database, raised_at)
+                     SELECT true, 1, 2, 1, 1, oid, now() FROM pg_database WHERE datname = current_database()
+                     ON CONFLICT (singleton) DO UPDATE SET system_identifier = 1, layout = 2, epoch = GREATEST(t.epoch, 1)`)
       await c.end()
     })
 

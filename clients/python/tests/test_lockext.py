@@ -445,9 +445,19 @@ class Election(Base):
             g.release()
 
 
+# As a superuser, a row as a dump from another cluster (system identifier 1) in era 1
+# would bring: the next grant adopts it (README, "Backup and failover").
+ADOPT_ERA_1 = """
+INSERT INTO lockext.token_epoch AS t (singleton, epoch, layout, system_identifier, timeline, database, raised_at)
+SELECT true, 1, 2, 1, 1, oid, now() FROM pg_database WHERE datname = current_database()
+ON CONFLICT (singleton) DO UPDATE SET system_identifier = 1, layout = 2, epoch = GREATEST(t.epoch, 1)
+"""
+
+
 class BigTokens(unittest.TestCase):
-    """Tokens carry an era in their high bits (README, Tokens): in a second database of
-    the cluster the era is at least 1, so tokens are above 2^41."""
+    """Tokens carry an era in their high bits (README, Tokens). A database whose epoch row
+    says it came from another cluster in era 1 makes the cluster adopt that history: its
+    era goes above it, so tokens are above 2^41."""
 
     @classmethod
     def setUpClass(cls):
@@ -457,6 +467,7 @@ class BigTokens(unittest.TestCase):
         cls.url = make_conninfo(DIRECT_URL, dbname=ERA_DB)
         with connect(cls.url) as c:
             c.execute("CREATE EXTENSION IF NOT EXISTS lockext")
+            c.execute(ADOPT_ERA_1)
 
     def test_token_above_2_31_is_exact(self):
         lock_id, resource = new_id("big"), new_id("big-res")
