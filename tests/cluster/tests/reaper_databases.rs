@@ -340,7 +340,10 @@ const LEASES: i32 = 50000;
 fn drop_database_during_a_round_that_is_forced_open() {
     let cluster = Cluster::start(
         "rdb-held",
-        "lockext.reap_interval = '200ms'\nlockext.reap_batch_size = 1",
+        // One round for all its batches (lockext.reap_round_batches would end it after
+        // 100 and start another: the round the test stops must be the one that runs on).
+        "lockext.reap_interval = '200ms'\nlockext.reap_batch_size = 1\n\
+         lockext.reap_round_batches = 1000000",
     );
     let mut c = cluster.connect();
     c.batch_execute("CREATE ROLE app_owner LOGIN CREATEDB")
