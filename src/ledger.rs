@@ -461,14 +461,13 @@ fn write(shared: &mut Shared, next: State) -> Result<(), LockError> {
 /// The ledger's state now, read from the file if this server has not yet.
 pub fn state() -> Result<State, LockError> {
     require_preloaded()?;
-    timeline_now()?;
+    let timeline = timeline_now()?;
     {
         let shared = LEDGER.share();
         if shared.loaded {
             return Ok(shared.state);
         }
     }
-    let timeline = timeline_now()?;
     let mut shared = LEDGER.exclusive();
     load(&mut shared, timeline)?;
     Ok(shared.state)

@@ -316,3 +316,25 @@ pub fn wait_for_primary(cluster: &Cluster, within: Duration) -> Client {
     });
     c
 }
+
+/// Makes a directory the `postgres` OS user owns.
+pub fn postgres_dir(path: &std::path::Path) {
+    let _ = fs::remove_dir_all(path);
+    fs::create_dir_all(path).expect("create dir");
+    std::process::Command::new("chown")
+        .args(["-R", "postgres:postgres"])
+        .arg(path)
+        .status()
+        .expect("chown");
+}
+
+/// Removes a directory when dropped (a WAL archive shared by several clusters).
+pub struct RemoveOnDrop(pub std::path::PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            let _ = fs::remove_dir_all(&self.0);
+        }
+    }
+}

@@ -10,7 +10,7 @@
 //! compares, checks them all, and then fails with the list of what did not hold.
 
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use lockext_cluster_tests::checks::*;
@@ -31,28 +31,6 @@ fn fenced_update(c: &mut Client, resource: &str, token: i64) -> Result<bool, Str
         Some(db) => format!("{} {}", db.code().code(), db.message()),
         None => e.to_string(),
     })
-}
-
-/// Makes a directory the `postgres` OS user owns.
-fn postgres_dir(path: &Path) {
-    let _ = fs::remove_dir_all(path);
-    fs::create_dir_all(path).expect("create dir");
-    std::process::Command::new("chown")
-        .args(["-R", "postgres:postgres"])
-        .arg(path)
-        .status()
-        .expect("chown");
-}
-
-/// Removes a directory when dropped (a WAL archive shared by several clusters).
-struct RemoveOnDrop(PathBuf);
-
-impl Drop for RemoveOnDrop {
-    fn drop(&mut self) {
-        if !std::thread::panicking() {
-            let _ = fs::remove_dir_all(&self.0);
-        }
-    }
 }
 
 /// Finding A. The primary reinstalls lockext (a new token sequence: a new history); its

@@ -8,7 +8,7 @@
 //! a point-in-time recovery and `pg_resetwal` each handed out tokens again.
 
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use lockext_cluster_tests::checks::*;
@@ -16,28 +16,6 @@ use lockext_cluster_tests::crash::*;
 use lockext_cluster_tests::*;
 
 const WITHIN: Duration = Duration::from_secs(60);
-
-/// Makes a directory the `postgres` OS user owns.
-fn postgres_dir(path: &Path) {
-    let _ = fs::remove_dir_all(path);
-    fs::create_dir_all(path).expect("create dir");
-    std::process::Command::new("chown")
-        .args(["-R", "postgres:postgres"])
-        .arg(path)
-        .status()
-        .expect("chown");
-}
-
-/// Removes a directory when dropped (a WAL archive shared by several clusters).
-struct RemoveOnDrop(PathBuf);
-
-impl Drop for RemoveOnDrop {
-    fn drop(&mut self) {
-        if !std::thread::panicking() {
-            let _ = fs::remove_dir_all(&self.0);
-        }
-    }
-}
 
 /// Runs each `;`-separated statement on its own (ALTER SYSTEM, DROP DATABASE and CREATE
 /// DATABASE refuse to run inside one multi-statement batch).
