@@ -572,6 +572,18 @@ mod tests {
         // it may lag its source's era by one.
         let w = wanted(&row(9, Layout::Safe, THEM), ledger, 1, US).unwrap();
         assert_eq!(w.era(1), 11);
+        // The jump is a base: a fork of this cluster from before the adoption (a standby
+        // that replayed the restore, not the adoption; a PITR between them) adopts the same
+        // row on its later timeline and lands above this server's era, even when its
+        // timeline alone already puts its era above the row's.
+        for fork in [2, 3, 40] {
+            let f = wanted(&row(9, Layout::Safe, THEM), ledger, fork, US).unwrap();
+            assert!(f.era(fork) > w.era(1), "timeline {fork}");
+        }
+        // Once adopted, the same evidence asks for nothing more, on any timeline.
+        let adopted = ledger.merge(w, 1);
+        assert_eq!(wanted(&row(9, Layout::Safe, THEM), adopted, 1, US), None);
+        assert_eq!(wanted(&row(9, Layout::Safe, THEM), adopted, 5, US), None);
         // A row of this system above the era in force (the ledger was lost): passed.
         assert_eq!(
             wanted(&row(4, Layout::Safe, US), ledger, 1, US)
@@ -596,10 +608,11 @@ mod tests {
             6
         );
         // 0.2.0's layout, from a row or a token, makes the ledger Wide, above it.
+        // (Wide's floor is 4096 per timeline: a base of 4098 is era 8194 on timeline 1.)
         let w = wanted(&row(4097, Layout::Wide, US), ledger, 1, US).unwrap();
-        assert_eq!((w.layout(), w.era(1)), (Layout::Wide, 4098));
+        assert_eq!((w.layout(), w.era(1)), (Layout::Wide, 4096 + 4098));
         let w = wanted(&kept((12290 << 43) | 3), ledger, 1, US).unwrap();
-        assert_eq!((w.layout(), w.era(1)), (Layout::Wide, 12291));
+        assert_eq!((w.layout(), w.era(1)), (Layout::Wide, 4096 + 12291));
         // A safe-layout row past the era space stays safe-layout: adopting it is 2200H
         // (the raise checks the era), never a switch to 0.2.0's layout.
         let w = wanted(&row(5000, Layout::Safe, US), ledger, 1, US).unwrap();

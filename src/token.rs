@@ -192,16 +192,24 @@ fn read_evidence(epoch_table: pg_sys::Oid) -> Evidence {
 /// What the ledger must be raised to so that the next token is above every token that
 /// `evidence` says this database's history can have handed out; None when it already is.
 /// A pure function of its arguments, so it can be tested on its own.
+///
+/// Every jump is a **base**, never an era on this timeline: passing an era `E` sets the base
+/// to at least `E + 1`, so the era is `E + 1` plus the timeline's floor, here and on every
+/// later timeline. A fork of this cluster from before the adoption (a standby that had
+/// replayed the restore but not the adoption, a recovery to a point between them) adopts
+/// the same evidence on its own, later timeline, and so lands above every token this
+/// server hands out after adopting. Whether to jump is decided on the base too, for the
+/// same reason: a fork whose timeline alone puts its era above `E` still takes the base.
 pub fn wanted(evidence: &Evidence, ledger: State, timeline: u32, system: u64) -> Option<State> {
     let in_force = (ledger.layout != 0).then(|| (ledger.layout(), ledger.era(timeline)));
-    // Era `era` of `layout` must be passed: the state whose era on `timeline` is one above.
+    // Era `era` of `layout` must be passed: a base of at least `era + 1`.
     let above = |layout: Layout, era: i64| -> Option<State> {
         match in_force {
-            Some((l, e)) if l == layout && e > era => None,
+            Some((l, _)) if l == layout && ledger.base > era => None,
             Some((Layout::Wide, _)) if layout == Layout::Safe => None,
             _ => Some(State {
                 layout: layout.code(),
-                base: (era + 1 - layout.floor(timeline).max(0)).max(0),
+                base: era.saturating_add(1),
                 reserved: 0,
                 timeline,
             }),
@@ -218,13 +226,15 @@ pub fn wanted(evidence: &Evidence, ledger: State, timeline: u32, system: u64) ->
     };
     if let Some(row) = evidence.row {
         // Written under this ledger: its era was in force then, and tokens since came from
-        // the ledger. Anything else (another cluster, a history before the ledger) is
-        // passed, and a row from another cluster by one more.
+        // the ledger (a fork that has the row has the ledger record before it: the row is
+        // written after the raise that its era needed is flushed). Anything else (another
+        // cluster, a history before the ledger) is passed, and a row from another cluster
+        // by one more.
         let ours = matches!(in_force, Some((l, e)) if l == row.layout && row.era <= e)
             && row.system == system;
         if !ours {
             let lag = i64::from(row.system != system);
-            add(above(row.layout, row.era + lag));
+            add(above(row.layout, row.era.saturating_add(lag)));
         }
     }
     if let Some(token) = evidence.highest_kept {
@@ -239,7 +249,10 @@ pub fn wanted(evidence: &Evidence, ledger: State, timeline: u32, system: u64) ->
                     ..ledger
                 }))
             }
-            Some((l, e)) if l == layout && e == era => {}
+            // Below the era in force (or in it): this ledger is already above it, and so is
+            // every fork's (the era of a later timeline is higher).
+            Some((l, e)) if l == layout && e >= era => {}
+            Some((Layout::Wide, _)) if layout == Layout::Safe => {}
             _ => add(above(layout, era)),
         }
     }
@@ -274,7 +287,19 @@ pub fn adopt() -> Result<pg_sys::Oid, LockError> {
     let timeline = unsafe { pg_sys::GetWALInsertionTimeLine() };
     let system = unsafe { pg_sys::GetSystemIdentifier() };
     if let Some(want) = wanted(&evidence, ledger, timeline, system) {
-        ledger::raise(want)?;
+        let now = ledger::raise(want)?;
+        if now.base != ledger.base || now.layout != ledger.layout {
+            // The one change of history a fork from before it cannot see (docs/tokens.md,
+            // argument 2): the operator's cue to take a new base backup.
+            pgrx::log!(
+                "lockext: adopted a token history that did not happen under this cluster's \
+                 ledger (database oid {}): the era is now {}; standbys that have not replayed \
+                 this far and backups taken before it do not know of it, so take a new base \
+                 backup",
+                backend::database().to_u32(),
+                now.era(timeline)
+            );
+        }
     }
     ADOPTED.with(|a| a.set(Some(key)));
     Ok(epoch_table)

@@ -245,6 +245,99 @@ fn a_dump_restored_into_another_cluster_starts_above_it() {
     checks.finish();
 }
 
+/// The attack pass on 0.4.0's first design: a dump from another cluster restored here, a
+/// restore point after the restore and before lockext adopted the dump's history (its
+/// first grant; the reaper here serves another database only, to hold that point open),
+/// then grants in the adopted era and a restart (the counter starts again at its
+/// reservation). Recovered to that point, the new server adopts the same history on its
+/// later timeline: it must land above the old timeline's grants, not in the same era with
+/// the same counters. 0.4.0's first design raised the era to the dump's plus two on the
+/// current timeline, and the recovered server, one timeline later, took the same era.
+#[test]
+fn a_recovery_between_a_restore_and_its_adoption_lands_above_the_adopted_era() {
+    let mut checks = Checks::new("PITR between a restore and its adoption");
+    let source = Cluster::start("ledger-adopt-source", "");
+    let mut s = source.connect();
+    sql(&mut s, "CREATE DATABASE app");
+    let mut sa = source.connect_to("app");
+    sql(&mut sa, "CREATE EXTENSION lockext");
+    let mut seen = grant_many(&mut sa, "source", 3);
+    let file = source.dir.join("app.dump");
+    pg_dump(&source, "app", &file);
+    drop((s, sa));
+    source.pg_ctl("stop -m fast -w -t 60");
+
+    let arch = PathBuf::from(format!(
+        "/tmp/lockext-tests/ledger-adopt-archive-{}",
+        std::process::id()
+    ));
+    postgres_dir(&arch);
+    let _arch_guard = RemoveOnDrop(arch.clone());
+    let conf = format!(
+        "archive_mode = on\narchive_command = 'test ! -f {0}/%f && cp %p {0}/%f'\n\
+         lockext.database = 'postgres'\n",
+        arch.display()
+    );
+    let target = Cluster::start("ledger-adopt-target", &conf);
+    let mut t = target.connect();
+    seen.extend(grant_many(&mut t, "target", 2));
+    let backup = base_backup(&target, "ledger-adopt-base", "", "");
+    createdb(&target, "app");
+    pg_restore(&target, "app", &file, "");
+    sql(&mut t, "SELECT pg_create_restore_point('restored')");
+    let mut ta = target.connect_to("app");
+    seen.extend(grant_many(&mut ta, "adopted", 3));
+    drop((t, ta));
+    let mut t = restart(&target);
+    let mut ta = target.connect_to("app");
+    seen.extend(grant_many(&mut ta, "after-restart", 3));
+    seen.extend(grant_many(&mut t, "other-db", 2));
+    let segment: String = t
+        .query_one("SELECT pg_walfile_name(pg_switch_wal())", &[])
+        .unwrap()
+        .get(0);
+    eventually(WITHIN, &format!("the target archives {segment}"), || {
+        t.query_one(
+            "SELECT coalesce(last_archived_wal >= $1, false) FROM pg_stat_archiver",
+            &[&segment],
+        )
+        .ok()?
+        .get::<_, bool>(0)
+        .then_some(())
+    });
+    println!("Adoption: tokens {seen:?} (eras {:?})", eras(&seen));
+    drop((t, ta));
+    target.pg_ctl("stop -m fast -w -t 60");
+
+    let copy = copy_of(
+        &backup,
+        "ledger-adopt-pitr",
+        &format!(
+            "restore_command = 'cp {}/%f %p'\nrecovery_target_name = 'restored'\n\
+             recovery_target_action = 'promote'\n",
+            arch.display()
+        ),
+    );
+    as_postgres(&format!("touch {}/recovery.signal", copy.data().display()));
+    copy.pg_ctl("start -w -t 60");
+    let mut c = wait_for_primary(&copy, WITHIN);
+    let tl = timeline(&mut c);
+    let mut ca = copy.connect_to("app");
+    let mut after = grant_many(&mut ca, "recovered-app", 3);
+    after.extend(grant_many(&mut c, "recovered-other", 2));
+    println!(
+        "Recovered to the restore point (timeline {tl}): {after:?} (eras {:?})",
+        eras(&after)
+    );
+    checks.above(
+        "recovered between the restore and its adoption, against every token before",
+        &after,
+        &seen,
+    );
+    checks.in_range("recovered", &after);
+    checks.finish();
+}
+
 /// A copy of the base backup `backup` (not started), as a cluster of its own.
 fn copy_of(backup: &Cluster, name: &str, extra_conf: &str) -> Cluster {
     let port = {
