@@ -66,5 +66,7 @@ pub fn clock() -> pg_sys::TimestampTz {
 /// The server's clock now, as a timestamptz. Never the transaction's start (`now()`), which
 /// inside a long transaction would make leases look younger than they are.
 pub fn now() -> Result<TimestampWithTimeZone, LockError> {
-    TimestampWithTimeZone::try_from(clock()).map_err(|_| LockError::ClockOutOfRange)
+    let now = TimestampWithTimeZone::try_from(clock()).map_err(|_| LockError::ClockOutOfRange);
+    crate::explore::point(|| "after reading the clock".into());
+    now
 }

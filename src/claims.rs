@@ -82,9 +82,11 @@ impl Gate {
 /// one is in flight.
 pub fn try_gate(lock_id: Text<'_>, mode: Mode) -> Result<Option<Gate>, LockError> {
     let tag = tag_of(GATE_TAG, fnv1a(lock_id.bytes()));
+    crate::explore::point(|| format!("before the gate of {lock_id}"));
     let Some(newly_taken) = try_lock(&tag, mode) else {
         return Ok(None);
     };
+    crate::explore::point(|| format!("past the gate of {lock_id}"));
     // Only once the gate is held: a bulk load that passed this gate before raised its flag
     // while holding it (below), so it is seen now; read before the gate, the flag could be
     // read, then the bulk load pass and insert, then the gate be taken.

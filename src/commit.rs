@@ -78,6 +78,7 @@ fn check_at_commit() {
 /// token flushes; one that wrote nothing since lockext's last renew/release, and minted
 /// nothing, may skip the flush.
 fn at_commit() {
+    crate::explore::point(|| "at pre-commit".into());
     let lxid = local_xact();
     if MINTED_IN.with(|m| m.get()) == lxid {
         if unsafe { pg_sys::synchronous_commit }

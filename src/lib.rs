@@ -13,6 +13,7 @@ mod election;
 mod error;
 mod events;
 mod exclusive;
+mod explore;
 mod fence;
 mod grant;
 mod keepalive;
@@ -85,6 +86,8 @@ pub extern "C-unwind" fn _PG_init() {
     if preloading {
         settings::mark_preloaded();
     }
+    // Before settings::define, which reserves the lockext prefix.
+    explore::define_settings();
     settings::define();
     if preloading {
         status::init_shared_memory();

@@ -20,6 +20,8 @@ use pgrx::pg_sys::{self, PgBuiltInOids, PgOid};
 use pgrx::spi::{OwnedPreparedStatement, SpiClient, SpiResult, SpiTupleTable};
 use pgrx::FromDatum;
 
+use crate::explore;
+
 pub struct Statement {
     pub sql: &'static str,
     pub params: &'static [PgBuiltInOids],
@@ -58,7 +60,10 @@ impl Statement {
                 plan
             }
         };
-        client.select(plan, None, args)
+        explore::point(|| format!("before {}", explore::statement_name(self.sql)));
+        let rows = client.select(plan, None, args);
+        explore::point(|| format!("after {}", explore::statement_name(self.sql)));
+        rows
     }
 }
 
@@ -144,6 +149,20 @@ impl Statement {
                 None => (pg_sys::Datum::from(0usize), b'n' as std::os::raw::c_char),
             })
             .unzip();
+        explore::point(|| format!("before {}", explore::statement_name(self.sql)));
+        let rows = self.execute_raw(plan, &mut values, &nulls, limit, snapshot);
+        explore::point(|| format!("after {}", explore::statement_name(self.sql)));
+        rows
+    }
+
+    fn execute_raw(
+        &'static self,
+        plan: pg_sys::SPIPlanPtr,
+        values: &mut [pg_sys::Datum],
+        nulls: &[std::os::raw::c_char],
+        limit: i64,
+        snapshot: pg_sys::Snapshot,
+    ) -> Vec<LatestRow> {
         unsafe {
             let status = pg_sys::SPI_execute_snapshot(
                 plan,
