@@ -20,7 +20,7 @@ REGRESS    := $(basename $(notdir $(wildcard tests/pg_regress/sql/*.sql)))
 ISOLATION  := $(basename $(notdir $(wildcard tests/isolation/specs/*.spec)))
 PGTEST_DIR := /tmp/lockext-pgtest
 
-.PHONY: bootstrap install run stop test lint unit installcheck cluster-test package bench bench-smoke deploy-test
+.PHONY: bootstrap install run stop test lint unit installcheck cluster-test explore package bench bench-smoke deploy-test
 
 bootstrap:
 	bash scripts/bootstrap.sh
@@ -108,6 +108,10 @@ installcheck:
 # Tests against real servers through real client connections: they start their own clusters.
 cluster-test: install
 	cargo test --release -p lockext-cluster-tests --no-fail-fast -- --test-threads=1
+
+# The schedule explorer, every pair of calls at every pause point (cluster-test runs a sample).
+explore: install
+	cd tests/cluster && LOCKEXT_EXPLORE=full cargo test --release --test explore -- --nocapture --test-threads=1
 
 # Benchmarks side by side (bench/README.md); the smoke run checks the scripts, not numbers.
 bench: install

@@ -60,8 +60,10 @@ enum Way {
 enum Effect {
     /// An exclusive grant to `owner` (the answer is its token, or NULL).
     Exclusive(&'static str),
-    /// A shared lease or a permit (the answer is its token, or NULL).
+    /// A shared lease (the answer is its token, or NULL).
     Shared,
+    /// A permit of the lock id's one-permit semaphore `<lock id>-sem`.
+    Permit,
     /// The holder's renewal (the answer is the new expiry, or NULL).
     Renew,
     /// The holder's release (t/f).
@@ -134,6 +136,12 @@ const CALLS: &[Call] = &[
          WHERE g.fence_token IS NOT NULL",
     ),
     call(
+        "acquire_permit",
+        Effect::Permit,
+        false,
+        "SELECT (lockext.lock_acquire('{L}-sem', 'p' || pg_backend_pid(), '1 hour', permits => 1)).fence_token::text",
+    ),
+    call(
         "keepalive_acquire",
         Effect::Exclusive("k"),
         false,
@@ -174,6 +182,12 @@ const CALLS: &[Call] = &[
         Effect::Write,
         true,
         "SELECT lockext.fenced_update('{R}', {T}, '{\"by\": \"h\"}')::text",
+    ),
+    call(
+        "fence",
+        Effect::Write,
+        true,
+        "SELECT 'fenced' FROM (SELECT lockext.fence('{R}', {T})) AS f",
     ),
     call(
         "fence_read",
@@ -270,7 +284,7 @@ fn check(h: &History) -> Vec<String> {
                     writes.push(t);
                 }
             }
-            Effect::Shared => {
+            Effect::Shared | Effect::Permit => {
                 if let Some(t) = granted(answer) {
                     tokens.push(t);
                 }
@@ -290,7 +304,7 @@ fn check(h: &History) -> Vec<String> {
                 }
             }
             Effect::Write => {
-                if answer == &Answer::Value(Some("true".into())) {
+                if matches!(answer, Answer::Value(Some(v)) if v != "false") {
                     writes.push(h.t0);
                 }
             }
@@ -328,6 +342,10 @@ fn check(h: &History) -> Vec<String> {
     for (when, leases) in [("after B", &h.mid), ("at the end", &h.end)] {
         let exclusive = leases.iter().filter(|l| l.0 == "exclusive").count();
         let shared = leases.iter().filter(|l| l.0 == "shared").count();
+        let permits = leases.iter().filter(|l| l.0 == "permit").count();
+        if permits > 1 {
+            bad.push(format!("{when}: {permits} permits of a one-permit semaphore: {leases:?}"));
+        }
         if exclusive > 1 {
             bad.push(format!(
                 "{when}: {exclusive} exclusive leases live: {leases:?}"
@@ -464,8 +482,8 @@ fn set_up(c: &mut Client, state: State, n: u64) -> Setup {
 
 fn leases(c: &mut Client, lock: &str) -> Vec<(String, String, i64)> {
     c.query(
-        "SELECT mode, owner, fence_token FROM lockext.holders \
-          WHERE lock_id = $1 ORDER BY fence_token",
+        "SELECT CASE WHEN lock_id = $1 THEN mode ELSE 'permit' END, owner, fence_token \
+           FROM lockext.holders WHERE lock_id IN ($1, $1 || '-sem') ORDER BY fence_token",
         &[&lock],
     )
     .expect("holders")
@@ -764,6 +782,7 @@ fn sample(state: State) -> Vec<Call> {
             "acquire",
             "acquire_wait",
             "acquire_shared",
+            "acquire_permit",
             "take_over_write",
         ],
         State::Held => &[
@@ -1004,6 +1023,17 @@ fn the_checker_catches_a_bad_history() {
                     ),
                 ],
                 end: vec![],
+                ..good.clone()
+            },
+        ),
+        (
+            "two permits",
+            History {
+                end: vec![
+                    ("exclusive".into(), "r".into(), 11),
+                    ("permit".into(), "p1".into(), 12),
+                    ("permit".into(), "p2".into(), 13),
+                ],
                 ..good.clone()
             },
         ),
