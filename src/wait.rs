@@ -26,25 +26,28 @@ use crate::error::MAX_ID_BYTES;
 use crate::settings;
 use crate::text::{Text, TextBuf};
 
-#[derive(Clone, Copy)]
-pub struct Slot {
+/// A backend's place in line: what every look at the queue reads, kept small (24 bytes)
+/// so that a look at every backend's place reads little memory.
+#[derive(Clone, Copy, Default)]
+struct Place {
     ticket: u64, // 0 = free
-    database: u32,
     key: u64,
+    database: u32,
     pid: i32,
+}
+
+/// What only `lockext.waiters` and the exit hook read of a waiter, beside its place.
+#[derive(Clone, Copy)]
+struct Detail {
     since: i64,    // TimestampTz
     encoding: i32, // the database's, which the id's bytes are in
     id_len: u16,
     id: [u8; MAX_ID_BYTES],
 }
 
-impl Default for Slot {
+impl Default for Detail {
     fn default() -> Self {
-        Slot {
-            ticket: 0,
-            database: 0,
-            key: 0,
-            pid: 0,
+        Detail {
             since: 0,
             encoding: 0,
             id_len: 0,
@@ -53,13 +56,19 @@ impl Default for Slot {
     }
 }
 
-/// What precedes the slots in shared memory.
+impl Detail {
+    fn lock_id(&self) -> Text<'_> {
+        Text::new(&self.id[..self.id_len as usize])
+    }
+}
+
+/// What precedes the places, then the details, in shared memory.
 #[repr(C)]
 struct Header {
     next_ticket: u64,
 }
 
-/// The queue: a header, then one slot per backend that can run SQL, the slot of the
+/// The queue: a header, then one place (and one detail) per backend that can run SQL, the slot of the
 /// backend whose `pgprocno` is its index. PostgreSQL numbers client backends, autovacuum,
 /// background workers and WAL senders 0 to `MaxBackends - 1` (auxiliary processes and
 /// prepared transactions come after, and never wait), so every backend has a place of its
@@ -87,9 +96,10 @@ pub fn init_shared_memory() {
     }
 }
 
-/// The queue's size in shared memory for `slots` slots.
+/// The queue's size in shared memory for `slots` places.
 fn queue_bytes(slots: usize) -> usize {
-    std::mem::size_of::<Header>() + slots * std::mem::size_of::<Slot>()
+    std::mem::size_of::<Header>()
+        + slots * (std::mem::size_of::<Place>() + std::mem::size_of::<Detail>())
 }
 
 /// How many slots: `MaxBackends`, which the server has computed from its settings
@@ -125,9 +135,11 @@ unsafe extern "C-unwind" fn attach_shared_memory() {
             pg_sys::ShmemInitStruct(NAME.as_ptr(), queue_bytes(slots), &mut found).cast::<Header>();
         if !found {
             header.write(Header { next_ticket: 1 });
-            let first = header.add(1).cast::<Slot>();
+            let places = header.add(1).cast::<Place>();
+            let details = places.add(slots).cast::<Detail>();
             for i in 0..slots {
-                first.add(i).write(Slot::default());
+                places.add(i).write(Place::default());
+                details.add(i).write(Detail::default());
             }
         }
         let lock = &raw mut (*pg_sys::GetNamedLWLockTranche(NAME.as_ptr())).lock;
@@ -156,8 +168,20 @@ impl Locked {
         }
     }
 
-    fn slots(&self) -> &[Slot] {
-        unsafe { std::slice::from_raw_parts(self.header.add(1).cast::<Slot>(), self.slots) }
+    fn places_ptr(&self) -> *mut Place {
+        unsafe { self.header.add(1).cast::<Place>() }
+    }
+
+    fn details_ptr(&self) -> *mut Detail {
+        unsafe { self.places_ptr().add(self.slots).cast::<Detail>() }
+    }
+
+    fn places(&self) -> &[Place] {
+        unsafe { std::slice::from_raw_parts(self.places_ptr(), self.slots) }
+    }
+
+    fn details(&self) -> &[Detail] {
+        unsafe { std::slice::from_raw_parts(self.details_ptr(), self.slots) }
     }
 }
 
@@ -175,12 +199,15 @@ fn read() -> Locked {
 struct Writing(Locked);
 
 impl Writing {
-    fn header(&mut self) -> &mut Header {
-        unsafe { &mut *self.0.header }
-    }
-
-    fn slots(&mut self) -> &mut [Slot] {
-        unsafe { std::slice::from_raw_parts_mut(self.0.header.add(1).cast::<Slot>(), self.0.slots) }
+    fn parts(&mut self) -> (&mut Header, &mut [Place], &mut [Detail]) {
+        let n = self.0.slots;
+        unsafe {
+            (
+                &mut *self.0.header,
+                std::slice::from_raw_parts_mut(self.0.places_ptr(), n),
+                std::slice::from_raw_parts_mut(self.0.details_ptr(), n),
+            )
+        }
     }
 }
 
@@ -209,7 +236,7 @@ fn queued_ahead(lock_id: Text<'_>, ticket: u64) -> usize {
     }
     let (database, key) = key_of(lock_id);
     read()
-        .slots()
+        .places()
         .iter()
         .filter(|s| {
             s.ticket != 0
@@ -248,43 +275,46 @@ impl Ticket {
         let pid = backend::pid();
         let mut id = [0u8; MAX_ID_BYTES];
         id[..lock_id.len()].copy_from_slice(lock_id.bytes());
-        let mut slot = Slot {
-            ticket: 0,
-            database,
-            key,
-            pid,
+        let detail = Detail {
             since: backend::clock(),
             encoding: unsafe { pg_sys::GetDatabaseEncoding() },
             id_len: lock_id.len() as u16,
             id,
         };
         let i = usize::try_from(backend::procno()).unwrap_or(usize::MAX);
-        let placed = {
+        let number = {
             let mut queue = write();
-            match queue.slots().get(i).map(|s| (s.ticket, s.pid)) {
+            let (header, places, details) = queue.parts();
+            match places.get(i).map(|p| (p.ticket, p.pid)) {
                 Some((taken, by)) if taken == 0 || by != pid => {
-                    // A ticket of another pid in this backend's slot is a dead process's
+                    // A ticket of another pid in this backend's place is a dead process's
                     // (a PGPROC has one process at a time): it is replaced, and counted once.
-                    slot.ticket = queue.header().next_ticket;
-                    queue.header().next_ticket += 1;
-                    queue.slots()[i] = slot;
+                    let number = header.next_ticket;
+                    header.next_ticket += 1;
+                    places[i] = Place {
+                        ticket: number,
+                        key,
+                        database,
+                        pid,
+                    };
+                    details[i] = detail;
                     if taken == 0 {
                         WAITING.get().fetch_add(1, Ordering::AcqRel);
                     }
-                    true
+                    Some(number)
                 }
-                _ => false,
+                _ => None,
             }
         };
-        if !placed {
+        let Some(number) = number else {
             warning!(
                 "lockext: this wait for lock \"{lock_id}\" has no place in line: it polls, \
                  in no order, and lockext.waiters does not list it"
             );
             return ticket;
-        }
+        };
         leave_queue_at_exit();
-        ticket.number = slot.ticket;
+        ticket.number = number;
         ticket.slot = Some(i);
         ticket
     }
@@ -308,8 +338,9 @@ impl Drop for Ticket {
         let Some(i) = self.slot else { return };
         {
             let mut queue = write();
-            if queue.slots()[i].ticket == self.number {
-                queue.slots()[i] = Slot::default();
+            let (_, places, _) = queue.parts();
+            if places[i].ticket == self.number {
+                places[i] = Place::default();
                 WAITING.get().fetch_sub(1, Ordering::AcqRel);
             }
         }
@@ -339,12 +370,13 @@ unsafe extern "C-unwind" fn leave_at_exit(_code: std::ffi::c_int, _arg: pg_sys::
     // Only this backend's own slot can hold its ticket.
     let left = usize::try_from(backend::procno()).ok().and_then(|i| {
         let mut queue = write();
-        let slot = queue.slots().get_mut(i)?;
-        if slot.ticket == 0 || slot.pid != pid {
+        let (_, places, details) = queue.parts();
+        let place = places.get_mut(i)?;
+        if place.ticket == 0 || place.pid != pid {
             return None;
         }
-        let lock_id = TextBuf::from_bytes(slot.id[..slot.id_len as usize].to_vec());
-        *slot = Slot::default();
+        *place = Place::default();
+        let lock_id = details[i].lock_id().to_buf();
         WAITING.get().fetch_sub(1, Ordering::AcqRel);
         Some(lock_id)
     });
@@ -363,7 +395,7 @@ pub fn wake_head(lock_id: Text<'_>) {
     let (database, key) = key_of(lock_id);
     // A slot's index is its backend's pgprocno.
     let procno = read()
-        .slots()
+        .places()
         .iter()
         .enumerate()
         .filter(|(_, s)| s.ticket != 0 && s.database == database && s.key == key)
@@ -448,13 +480,17 @@ fn waiters() -> TableIterator<
     if !settings::preloaded() {
         return TableIterator::new(Vec::new());
     }
-    let mut slots: Vec<Slot> = read()
-        .slots()
-        .iter()
-        .copied()
-        .filter(|s| s.ticket != 0)
-        .collect();
-    slots.sort_by_key(|s| s.ticket);
+    let mut slots: Vec<(Place, Detail)> = {
+        let queue = read();
+        queue
+            .places()
+            .iter()
+            .zip(queue.details())
+            .filter(|(p, _)| p.ticket != 0)
+            .map(|(p, d)| (*p, *d))
+            .collect()
+    };
+    slots.sort_by_key(|(p, _)| p.ticket);
     // Like pg_stat_activity: a role sees the lock ids of its own database only, unless it
     // may read all statistics (a lock id can name a customer, a job, a file).
     let all = unsafe {
@@ -467,23 +503,23 @@ fn waiters() -> TableIterator<
     let encoding = unsafe { pg_sys::GetDatabaseEncoding() };
     let rows: Vec<_> = slots
         .iter()
-        .filter(|s| all || s.database == here)
-        .map(|s| {
+        .filter(|(s, _)| all || s.database == here)
+        .map(|(s, d)| {
             let position = slots
                 .iter()
-                .filter(|o| o.database == s.database && o.key == s.key && o.ticket <= s.ticket)
+                .filter(|(o, _)| o.database == s.database && o.key == s.key && o.ticket <= s.ticket)
                 .count();
-            let id = Text::new(&s.id[..s.id_len as usize]);
+            let id = d.lock_id();
             (
                 // Another database's id may be in another encoding, invalid in this one.
-                if s.encoding == encoding {
+                if d.encoding == encoding {
                     id.to_buf()
                 } else {
                     id.ascii_escaped()
                 },
                 pg_sys::Oid::from(s.database),
                 s.pid,
-                TimestampWithTimeZone::try_from(s.since).ok(),
+                TimestampWithTimeZone::try_from(d.since).ok(),
                 position as i64,
             )
         })
