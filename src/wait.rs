@@ -9,45 +9,45 @@
 //! While anyone waits for a lock, callers that do not wait are refused it: they would jump
 //! the queue.
 //!
+//! The queue has a place for every backend that can run SQL, the one indexed by its
+//! `pgprocno`: no role or database can take another's place, however many wait.
+//!
 //! Without shared memory (lockext not preloaded) there is no queue: a waiter polls, with
 //! a back-off from 5 ms to 200 ms, still interruptible, and no order is promised.
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use pgrx::lwlock::PgLwLock;
 use pgrx::prelude::*;
-use pgrx::{pg_shmem_init, PGRXSharedMemory, PgAtomic};
+use pgrx::{pg_shmem_init, PgAtomic};
 
 use crate::backend;
 use crate::error::MAX_ID_BYTES;
 use crate::settings;
 use crate::text::{Text, TextBuf};
 
-/// Waiters that can queue at once, all databases together; more wait by polling.
-const SLOTS: usize = 1024;
-
-#[derive(Clone, Copy)]
-pub struct Slot {
+/// A backend's place in line: what every look at the queue reads, kept small (24 bytes)
+/// so that a look at every backend's place reads little memory.
+#[derive(Clone, Copy, Default)]
+struct Place {
     ticket: u64, // 0 = free
-    database: u32,
     key: u64,
-    procno: i32,
+    database: u32,
     pid: i32,
+}
+
+/// What only `lockext.waiters` and the exit hook read of a waiter, beside its place.
+#[derive(Clone, Copy)]
+struct Detail {
     since: i64,    // TimestampTz
     encoding: i32, // the database's, which the id's bytes are in
     id_len: u16,
     id: [u8; MAX_ID_BYTES],
 }
 
-impl Default for Slot {
+impl Default for Detail {
     fn default() -> Self {
-        Slot {
-            ticket: 0,
-            database: 0,
-            key: 0,
-            procno: 0,
-            pid: 0,
+        Detail {
             since: 0,
             encoding: 0,
             id_len: 0,
@@ -56,31 +56,163 @@ impl Default for Slot {
     }
 }
 
-#[derive(Clone, Copy)]
-pub struct Queue {
-    next_ticket: u64,
-    slots: [Slot; SLOTS],
+impl Detail {
+    fn lock_id(&self) -> Text<'_> {
+        Text::new(&self.id[..self.id_len as usize])
+    }
 }
 
-impl Default for Queue {
-    fn default() -> Self {
-        Queue {
-            next_ticket: 1,
-            slots: [Slot::default(); SLOTS],
+/// What precedes the places, then the details, in shared memory.
+#[repr(C)]
+struct Header {
+    next_ticket: u64,
+}
+
+/// The queue: a header, then one place (and one detail) per backend that can run SQL, the slot of the
+/// backend whose `pgprocno` is its index. PostgreSQL numbers client backends, autovacuum,
+/// background workers and WAL senders 0 to `MaxBackends - 1` (auxiliary processes and
+/// prepared transactions come after, and never wait), so every backend has a place of its
+/// own whatever the others wait for, and taking a place is not a search. The size is
+/// known only once the server has read its settings, so it is requested in
+/// `shmem_request_hook` (pgrx's `pg_shmem_init!` takes fixed-size types only).
+const NAME: &std::ffi::CStr = c"lockext_wait_queue";
+
+static HEADER: AtomicPtr<Header> = AtomicPtr::new(std::ptr::null_mut());
+static LOCK: AtomicPtr<pg_sys::LWLock> = AtomicPtr::new(std::ptr::null_mut());
+static SLOTS: AtomicUsize = AtomicUsize::new(0);
+// How many tickets are out: lets every acquire skip the queue's lock when nobody waits.
+static WAITING: PgAtomic<AtomicU32> = unsafe { PgAtomic::new(c"lockext_waiting") };
+
+static mut PREV_SHMEM_REQUEST_HOOK: pg_sys::shmem_request_hook_type = None;
+static mut PREV_SHMEM_STARTUP_HOOK: pg_sys::shmem_startup_hook_type = None;
+
+pub fn init_shared_memory() {
+    pg_shmem_init!(WAITING);
+    unsafe {
+        PREV_SHMEM_REQUEST_HOOK = pg_sys::shmem_request_hook;
+        pg_sys::shmem_request_hook = Some(request_shared_memory);
+        PREV_SHMEM_STARTUP_HOOK = pg_sys::shmem_startup_hook;
+        pg_sys::shmem_startup_hook = Some(attach_shared_memory);
+    }
+}
+
+/// The queue's size in shared memory for `slots` places.
+fn queue_bytes(slots: usize) -> usize {
+    std::mem::size_of::<Header>()
+        + slots * (std::mem::size_of::<Place>() + std::mem::size_of::<Detail>())
+}
+
+/// How many slots: `MaxBackends`, which the server has computed from its settings
+/// (`max_connections`, `autovacuum_max_workers`, `max_worker_processes`,
+/// `max_wal_senders`) before it asks for shared memory.
+fn slots_wanted() -> usize {
+    usize::try_from(unsafe { pg_sys::MaxBackends }).unwrap_or(0)
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn request_shared_memory() {
+    unsafe {
+        if let Some(prev) = PREV_SHMEM_REQUEST_HOOK {
+            pg_sys::ffi::pg_guard_ffi_boundary(|| prev());
+        }
+        pg_sys::RequestAddinShmemSpace(queue_bytes(slots_wanted()));
+        pg_sys::RequestNamedLWLockTranche(NAME.as_ptr(), 1);
+    }
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn attach_shared_memory() {
+    unsafe {
+        if let Some(prev) = PREV_SHMEM_STARTUP_HOOK {
+            pg_sys::ffi::pg_guard_ffi_boundary(|| prev());
+        }
+        let slots = slots_wanted();
+        // AddinShmemInitLock, a macro in lwlock.h: the 21st of the main LWLocks.
+        let init_lock = &raw mut (*pg_sys::MainLWLockArray.add(21)).lock;
+        pg_sys::LWLockAcquire(init_lock, pg_sys::LWLockMode::LW_EXCLUSIVE);
+        let mut found = false;
+        let header =
+            pg_sys::ShmemInitStruct(NAME.as_ptr(), queue_bytes(slots), &mut found).cast::<Header>();
+        if !found {
+            header.write(Header { next_ticket: 1 });
+            let places = header.add(1).cast::<Place>();
+            let details = places.add(slots).cast::<Detail>();
+            for i in 0..slots {
+                places.add(i).write(Place::default());
+                details.add(i).write(Detail::default());
+            }
+        }
+        let lock = &raw mut (*pg_sys::GetNamedLWLockTranche(NAME.as_ptr())).lock;
+        pg_sys::LWLockRelease(init_lock);
+        LOCK.store(lock, Ordering::Release);
+        SLOTS.store(slots, Ordering::Release);
+        HEADER.store(header, Ordering::Release);
+    }
+}
+
+/// The queue under its lock, shared (`read`) or exclusive (`write`); the lock is released
+/// when the guard is dropped, and by PostgreSQL's error recovery on an ERROR.
+struct Locked {
+    header: *mut Header,
+    slots: usize,
+}
+
+impl Locked {
+    fn take(mode: pg_sys::LWLockMode::Type) -> Locked {
+        let header = HEADER.load(Ordering::Acquire);
+        assert!(!header.is_null(), "the wait queue is not in shared memory");
+        unsafe { pg_sys::LWLockAcquire(LOCK.load(Ordering::Acquire), mode) };
+        Locked {
+            header,
+            slots: SLOTS.load(Ordering::Acquire),
+        }
+    }
+
+    fn places_ptr(&self) -> *mut Place {
+        unsafe { self.header.add(1).cast::<Place>() }
+    }
+
+    fn details_ptr(&self) -> *mut Detail {
+        unsafe { self.places_ptr().add(self.slots).cast::<Detail>() }
+    }
+
+    fn places(&self) -> &[Place] {
+        unsafe { std::slice::from_raw_parts(self.places_ptr(), self.slots) }
+    }
+
+    fn details(&self) -> &[Detail] {
+        unsafe { std::slice::from_raw_parts(self.details_ptr(), self.slots) }
+    }
+}
+
+impl Drop for Locked {
+    fn drop(&mut self) {
+        unsafe { pg_sys::LWLockRelease(LOCK.load(Ordering::Acquire)) };
+    }
+}
+
+fn read() -> Locked {
+    Locked::take(pg_sys::LWLockMode::LW_SHARED)
+}
+
+/// The queue, exclusively: its slots may be written.
+struct Writing(Locked);
+
+impl Writing {
+    fn parts(&mut self) -> (&mut Header, &mut [Place], &mut [Detail]) {
+        let n = self.0.slots;
+        unsafe {
+            (
+                &mut *self.0.header,
+                std::slice::from_raw_parts_mut(self.0.places_ptr(), n),
+                std::slice::from_raw_parts_mut(self.0.details_ptr(), n),
+            )
         }
     }
 }
 
-// Plain data, no pointers: safe in shared memory.
-unsafe impl PGRXSharedMemory for Queue {}
-
-static QUEUE: PgLwLock<Queue> = unsafe { PgLwLock::new(c"lockext_wait_queue") };
-// How many tickets are out: lets every acquire skip the queue's lock when nobody waits.
-static WAITING: PgAtomic<AtomicU32> = unsafe { PgAtomic::new(c"lockext_waiting") };
-
-pub fn init_shared_memory() {
-    pg_shmem_init!(QUEUE);
-    pg_shmem_init!(WAITING);
+fn write() -> Writing {
+    Writing(Locked::take(pg_sys::LWLockMode::LW_EXCLUSIVE))
 }
 
 /// The queue key of a lock id in this database.
@@ -103,9 +235,8 @@ fn queued_ahead(lock_id: Text<'_>, ticket: u64) -> usize {
         return 0;
     }
     let (database, key) = key_of(lock_id);
-    let queue = QUEUE.share();
-    queue
-        .slots
+    read()
+        .places()
         .iter()
         .filter(|s| {
             s.ticket != 0
@@ -125,9 +256,11 @@ pub struct Ticket {
 }
 
 impl Ticket {
-    /// Queues for `lock_id`, to try for it while fewer than `window` wait ahead (1: only
-    /// at the head); without shared memory, or with the queue full, the ticket holds no
-    /// place and its holder polls.
+    /// Queues for `lock_id` in this backend's own slot, to try for it while fewer than
+    /// `window` wait ahead (1: only at the head). Without shared memory the ticket holds no
+    /// place and its holder polls; so it does, with a WARNING, if this backend's slot is
+    /// taken by a wait of its own already (a wait inside a wait: lockext's functions never
+    /// nest one, only a trigger someone put on lockext's tables could).
     pub fn take(lock_id: Text<'_>, window: usize) -> Ticket {
         let mut ticket = Ticket {
             number: 0,
@@ -139,26 +272,47 @@ impl Ticket {
             return ticket;
         }
         let (database, key) = key_of(lock_id);
-        let mut queue = QUEUE.exclusive();
-        let Some(i) = queue.slots.iter().position(|s| s.ticket == 0) else {
-            return ticket;
-        };
-        let number = queue.next_ticket;
-        queue.next_ticket += 1;
+        let pid = backend::pid();
         let mut id = [0u8; MAX_ID_BYTES];
         id[..lock_id.len()].copy_from_slice(lock_id.bytes());
-        queue.slots[i] = Slot {
-            ticket: number,
-            database,
-            key,
-            procno: backend::procno(),
-            pid: backend::pid(),
+        let detail = Detail {
             since: backend::clock(),
             encoding: unsafe { pg_sys::GetDatabaseEncoding() },
             id_len: lock_id.len() as u16,
             id,
         };
-        WAITING.get().fetch_add(1, Ordering::AcqRel);
+        let i = usize::try_from(backend::procno()).unwrap_or(usize::MAX);
+        let number = {
+            let mut queue = write();
+            let (header, places, details) = queue.parts();
+            match places.get(i).map(|p| (p.ticket, p.pid)) {
+                Some((taken, by)) if taken == 0 || by != pid => {
+                    // A ticket of another pid in this backend's place is a dead process's
+                    // (a PGPROC has one process at a time): it is replaced, and counted once.
+                    let number = header.next_ticket;
+                    header.next_ticket += 1;
+                    places[i] = Place {
+                        ticket: number,
+                        key,
+                        database,
+                        pid,
+                    };
+                    details[i] = detail;
+                    if taken == 0 {
+                        WAITING.get().fetch_add(1, Ordering::AcqRel);
+                    }
+                    Some(number)
+                }
+                _ => None,
+            }
+        };
+        let Some(number) = number else {
+            warning!(
+                "lockext: this wait for lock \"{lock_id}\" has no place in line: it polls, \
+                 in no order, and lockext.waiters does not list it"
+            );
+            return ticket;
+        };
         leave_queue_at_exit();
         ticket.number = number;
         ticket.slot = Some(i);
@@ -183,9 +337,10 @@ impl Drop for Ticket {
     fn drop(&mut self) {
         let Some(i) = self.slot else { return };
         {
-            let mut queue = QUEUE.exclusive();
-            if queue.slots[i].ticket == self.number {
-                queue.slots[i] = Slot::default();
+            let mut queue = write();
+            let (_, places, _) = queue.parts();
+            if places[i].ticket == self.number {
+                places[i] = Place::default();
                 WAITING.get().fetch_sub(1, Ordering::AcqRel);
             }
         }
@@ -212,23 +367,20 @@ unsafe extern "C-unwind" fn leave_at_exit(_code: std::ffi::c_int, _arg: pg_sys::
     // An exit can begin anywhere; the queue's lock must not be ours already.
     unsafe { pg_sys::LWLockReleaseAll() };
     let pid = backend::pid();
-    let left: Vec<TextBuf> = {
-        let mut queue = QUEUE.exclusive();
-        let mut left = Vec::new();
-        for slot in queue
-            .slots
-            .iter_mut()
-            .filter(|s| s.ticket != 0 && s.pid == pid)
-        {
-            left.push(TextBuf::from_bytes(
-                slot.id[..slot.id_len as usize].to_vec(),
-            ));
-            *slot = Slot::default();
-            WAITING.get().fetch_sub(1, Ordering::AcqRel);
+    // Only this backend's own slot can hold its ticket.
+    let left = usize::try_from(backend::procno()).ok().and_then(|i| {
+        let mut queue = write();
+        let (_, places, details) = queue.parts();
+        let place = places.get_mut(i)?;
+        if place.ticket == 0 || place.pid != pid {
+            return None;
         }
-        left
-    };
-    for lock_id in left {
+        *place = Place::default();
+        let lock_id = details[i].lock_id().to_buf();
+        WAITING.get().fetch_sub(1, Ordering::AcqRel);
+        Some(lock_id)
+    });
+    if let Some(lock_id) = left {
         wake_head(lock_id.as_text());
     }
 }
@@ -241,18 +393,17 @@ pub fn wake_head(lock_id: Text<'_>) {
         return;
     }
     let (database, key) = key_of(lock_id);
-    let procno = {
-        let queue = QUEUE.share();
-        queue
-            .slots
-            .iter()
-            .filter(|s| s.ticket != 0 && s.database == database && s.key == key)
-            .min_by_key(|s| s.ticket)
-            .map(|s| s.procno)
-    };
+    // A slot's index is its backend's pgprocno.
+    let procno = read()
+        .places()
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| s.ticket != 0 && s.database == database && s.key == key)
+        .min_by_key(|(_, s)| s.ticket)
+        .map(|(i, _)| i);
     if let Some(procno) = procno {
         unsafe {
-            let proc_ = (*pg_sys::ProcGlobal).allProcs.add(procno as usize);
+            let proc_ = (*pg_sys::ProcGlobal).allProcs.add(procno);
             pg_sys::SetLatch(&mut (*proc_).procLatch);
         }
     }
@@ -329,14 +480,17 @@ fn waiters() -> TableIterator<
     if !settings::preloaded() {
         return TableIterator::new(Vec::new());
     }
-    let mut slots: Vec<Slot> = QUEUE
-        .share()
-        .slots
-        .iter()
-        .copied()
-        .filter(|s| s.ticket != 0)
-        .collect();
-    slots.sort_by_key(|s| s.ticket);
+    let mut slots: Vec<(Place, Detail)> = {
+        let queue = read();
+        queue
+            .places()
+            .iter()
+            .zip(queue.details())
+            .filter(|(p, _)| p.ticket != 0)
+            .map(|(p, d)| (*p, *d))
+            .collect()
+    };
+    slots.sort_by_key(|(p, _)| p.ticket);
     // Like pg_stat_activity: a role sees the lock ids of its own database only, unless it
     // may read all statistics (a lock id can name a customer, a job, a file).
     let all = unsafe {
@@ -349,23 +503,23 @@ fn waiters() -> TableIterator<
     let encoding = unsafe { pg_sys::GetDatabaseEncoding() };
     let rows: Vec<_> = slots
         .iter()
-        .filter(|s| all || s.database == here)
-        .map(|s| {
+        .filter(|(s, _)| all || s.database == here)
+        .map(|(s, d)| {
             let position = slots
                 .iter()
-                .filter(|o| o.database == s.database && o.key == s.key && o.ticket <= s.ticket)
+                .filter(|(o, _)| o.database == s.database && o.key == s.key && o.ticket <= s.ticket)
                 .count();
-            let id = Text::new(&s.id[..s.id_len as usize]);
+            let id = d.lock_id();
             (
                 // Another database's id may be in another encoding, invalid in this one.
-                if s.encoding == encoding {
+                if d.encoding == encoding {
                     id.to_buf()
                 } else {
                     id.ascii_escaped()
                 },
                 pg_sys::Oid::from(s.database),
                 s.pid,
-                TimestampWithTimeZone::try_from(s.since).ok(),
+                TimestampWithTimeZone::try_from(d.since).ok(),
                 position as i64,
             )
         })

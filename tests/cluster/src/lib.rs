@@ -249,7 +249,18 @@ fn run_checked(cmd: &mut Command) {
 }
 
 /// A loopback port nobody listens on now.
+/// A free loopback port: one the OS picks, or the first free one of the range
+/// `LOCKEXT_TEST_PORTS` names (`5800-5849`: an engineer sharing the machine keeps to theirs).
 fn free_port() -> u16 {
+    let range = std::env::var("LOCKEXT_TEST_PORTS").ok().and_then(|r| {
+        let (low, high) = r.split_once('-')?;
+        Some((low.parse::<u16>().ok()?, high.parse::<u16>().ok()?))
+    });
+    if let Some((low, high)) = range {
+        return (low..=high)
+            .find(|&port| std::net::TcpListener::bind(("127.0.0.1", port)).is_ok())
+            .expect("a free port in LOCKEXT_TEST_PORTS");
+    }
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a port");
     listener.local_addr().expect("local addr").port()
 }
