@@ -504,6 +504,9 @@ pub fn grant_row(rows: pgrx::spi::SpiTupleTable<'_>) -> Result<Option<Granted>, 
     else {
         return Ok(None);
     };
+    // Its lock is free (and the lease reapable) no sooner than it expires. An attached
+    // lease's row says infinity: its keep-alive's expiry was published by its grant.
+    crate::status::due_by(expires_at);
     Ok(Some(Granted {
         lock_id,
         owner,

@@ -103,6 +103,7 @@ fn lock_keepalive_grant(
             let expires_at = row
                 .get_by_name::<TimestampWithTimeZone, _>("expires_at")?
                 .ok_or(LockError::MissingColumn { name: "expires_at" })?;
+            crate::status::due_by(expires_at);
             Ok(TableIterator::once((id, expires_at)))
         })
     })
@@ -137,6 +138,10 @@ fn lock_keepalive_renew(
             || still_held(keepalive, role, now),
         )?;
         commit::relax_if_only_leases(only_leases);
+        // A renewal with a shorter time to live brings its leases' end nearer.
+        if let Some(expires_at) = renewed {
+            crate::status::due_by(expires_at);
+        }
         stats::count(if renewed.is_some() {
             Counter::KeepaliveRenewalsOk
         } else {

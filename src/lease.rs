@@ -440,7 +440,12 @@ pub fn renewed(rows: SpiTupleTable<'_>) -> Result<Option<TimestampWithTimeZone>,
             keepalive,
         });
     }
-    Ok(row.get_by_name::<TimestampWithTimeZone, _>("expires_at")?)
+    let expires_at = row.get_by_name::<TimestampWithTimeZone, _>("expires_at")?;
+    // A renewal with a shorter time to live brings the lease's end nearer.
+    if let Some(expires_at) = expires_at {
+        crate::status::due_by(expires_at);
+    }
+    Ok(expires_at)
 }
 
 /// A release's row: whether the lease was still live, and its token.

@@ -98,6 +98,7 @@ pub extern "C-unwind" fn _PG_init() {
         claims::init_shared_memory();
         reaper::init_shared_memory();
         reaper::register_launcher();
+        reaper::watch_drops();
     }
 }
 

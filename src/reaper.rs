@@ -14,8 +14,15 @@
 //! - A round deletes expired leases in batches of `lockext.reap_batch_size`, each batch its
 //!   own short transaction, skipping rows that a client has locked (`SKIP LOCKED`): it
 //!   never waits for a client and a client never waits for it, and at most
-//!   `lockext.reap_round_batches` batches. The next round of that database starts
-//!   `lockext.reap_interval` after it ended.
+//!   `lockext.reap_round_batches` batches. It ends by publishing when the database is next
+//!   **due** (`status.rs`: the earliest time anything there becomes reapable), which a
+//!   transaction that writes an earlier expiry lowers when it commits.
+//! - The launcher starts a round where the due time has passed, at least
+//!   `lockext.reap_interval` after the database's last round ended; and, whatever the due
+//!   time says, a database's first round (after start, a probe, a failure) and one every
+//!   `SWEEP_INTERVAL`. So an idle database costs nothing between sweeps, and the rounds
+//!   follow the expiries, not the number of databases. A database without an entry in
+//!   `status` (more databases than `lockext.reaper_databases`) gets a round every interval.
 //!
 //! Why a process per round: PostgreSQL refuses DROP DATABASE (and ALTER DATABASE RENAME or
 //! SET TABLESPACE, and CREATE DATABASE from it as a template) while another process is
@@ -27,7 +34,9 @@
 //! when the command comes delays it by one batch.
 //!
 //! Failures do not loop: a round that fails (or dies) makes its database wait twice as long
-//! each time, up to `MAX_BACKOFF`. The launcher starts only once the server accepts writes,
+//! each time, up to `MAX_BACKOFF`. No free background worker slot is not the database's
+//! failure: the launcher tries again an interval later, with no back-off, and takes at most
+//! `MAX_ROUNDS` slots (plus its own). The launcher starts only once the server accepts writes,
 //! so a hot standby runs none; after promotion the postmaster starts it. Both kinds of
 //! process reload settings on SIGHUP and leave on SIGTERM or when the postmaster dies.
 
@@ -126,6 +135,12 @@ static REAP_VALUES: Statement = Statement {
     params: &[INT4OID],
 };
 
+// When the database next needs a round, read once a round has reaped.
+static NEXT_DUE: Statement = Statement {
+    sql: include_str!("../sql/run/reaper/next_due.sql"),
+    params: &[TIMESTAMPTZOID],
+};
+
 // And session-bound leases whose session has ended without releasing them, in two steps
 // (why two: lock_ended_sessions.sql): lock the rows that look dead, then delete those of
 // them that still look dead.
@@ -156,8 +171,12 @@ const BUSY_RETRY: Duration = Duration::from_millis(500);
 /// The longest a failing database waits between rounds (each failure doubles the wait).
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
 /// Rounds that run at once: each takes a background worker slot (max_worker_processes)
-/// while it runs; more databases take turns.
+/// while it runs; more databases take turns. README's limits name this number.
 const MAX_ROUNDS: usize = 4;
+/// How often a database that is not due gets a round anyway: for rows no lockext function
+/// wrote (an INSERT by hand, a pg_restore into a served database), values of released
+/// leases, a due time missed because the clock was set back. README names this number.
+const SWEEP_INTERVAL: Duration = Duration::from_secs(600);
 /// How soon the postmaster restarts the launcher after a crash.
 const LAUNCHER_RESTART: Duration = Duration::from_secs(5);
 
@@ -351,6 +370,10 @@ struct Served {
     last_end: Instant,
     waiting: Waiting,
     failures: u32,
+    /// Its last round reaped and published when the database is next due (its entry in
+    /// `status`): until then (a first round, a probe, a retry) rounds run whatever the
+    /// entry says.
+    settled: bool,
     /// What the launcher last logged about it, so that each thing is logged once.
     logged: Option<Outcome>,
 }
@@ -388,6 +411,9 @@ struct Launcher {
     served: HashMap<u32, Served>,
     rounds: Vec<Round>,
     next_scan: Instant,
+    /// Whether the last round that could not start found no background worker slot free
+    /// (logged once until a round starts again).
+    slots_full: bool,
     /// Named databases the launcher cannot serve, with what it logged about each.
     unservable: HashMap<String, &'static str>,
 }
@@ -398,6 +424,7 @@ impl Launcher {
             served: HashMap::new(),
             rounds: Vec::new(),
             next_scan: Instant::now(),
+            slots_full: false,
             unservable: HashMap::new(),
         }
     }
@@ -411,20 +438,46 @@ impl Launcher {
         self.start_due();
     }
 
-    /// How long the launcher may sleep: until the next scan or the next due round.
+    /// How long the launcher may sleep: until the next scan or the next due round, and at
+    /// most `lockext.reap_interval`, after which it reads the due times again (a
+    /// transaction may have published an earlier one meanwhile).
     fn nap(&self) -> Duration {
         let now = Instant::now();
-        let mut until = self.next_scan;
+        let mut until = self.next_scan.min(now + reap_interval());
         if self.rounds.len() < MAX_ROUNDS {
+            let dues = status::dues();
+            let clock = backend::clock();
             for (oid, db) in &self.served {
                 if !self.running(*oid) {
-                    until = until.min(db.next_round);
+                    until = until.min(db.next_round.max(self.due_at(*oid, db, &dues, clock, now)));
                 }
             }
         }
         until
             .saturating_duration_since(now)
             .max(Duration::from_millis(1))
+    }
+
+    /// When `db` needs its next round, whatever its spacing: now if it is not settled or
+    /// has no entry (not due-tracked: every interval), else when its entry says, or at its
+    /// sweep. `clock` and `now` are the same moment on both clocks.
+    fn due_at(
+        &self,
+        oid: u32,
+        db: &Served,
+        dues: &HashMap<u32, i64>,
+        clock: pg_sys::TimestampTz,
+        now: Instant,
+    ) -> Instant {
+        let Some(&due) = dues.get(&oid).filter(|_| db.settled) else {
+            return now;
+        };
+        let sweep = db.last_end + SWEEP_INTERVAL;
+        if due <= clock {
+            return now;
+        }
+        let wait = Duration::from_micros(u64::try_from(due.saturating_sub(clock)).unwrap_or(0));
+        now.checked_add(wait).map_or(sweep, |at| at.min(sweep))
     }
 
     /// A reload may change the list and the interval: look again now, and move the rounds
@@ -482,6 +535,7 @@ impl Launcher {
                 last_end: now,
                 waiting: Waiting::Fixed,
                 failures: 0,
+                settled: false,
                 logged: None,
             });
             db.name.clone_from(&row.name);
@@ -522,12 +576,18 @@ impl Launcher {
 
     /// Starts the rounds that are due, earliest first, while slots are free.
     fn start_due(&mut self) {
+        let dues = status::dues();
         while self.rounds.len() < MAX_ROUNDS {
             let now = Instant::now();
+            let clock = backend::clock();
             let Some(oid) = self
                 .served
                 .iter()
-                .filter(|(oid, db)| db.next_round <= now && !self.running(**oid))
+                .filter(|(oid, db)| {
+                    db.next_round <= now
+                        && !self.running(**oid)
+                        && self.due_at(**oid, db, &dues, clock, now) <= now
+                })
                 .min_by_key(|(_, db)| db.next_round)
                 .map(|(oid, _)| *oid)
             else {
@@ -539,23 +599,47 @@ impl Launcher {
                 self.wait(oid, BUSY_RETRY);
                 continue;
             }
-            if let Err(why) = self.start(oid) {
-                let db = &self.served[&oid];
-                log!(
-                    "lockext: could not start a reaper round for database \"{}\": {why}",
-                    db.name
-                );
-                self.failed(oid);
+            match self.start(oid) {
+                Ok(()) => self.slots_full = false,
+                // Not the database's failure: no back-off. It is tried again an interval
+                // later (not at once: the launcher would spin), and so is every database
+                // due meanwhile; the slots are the server's (README, limits).
+                Err(StartError::NoWorkerSlot) => {
+                    crate::stats::count(crate::stats::Counter::ReaperSlotWaits);
+                    if !self.slots_full {
+                        log!(
+                            "lockext: no background worker slot is free for a reaper round \
+                             (max_worker_processes); the reaper tries again every \
+                             lockext.reap_interval"
+                        );
+                        self.slots_full = true;
+                    }
+                    let retry = reap_interval();
+                    for db in self.served.values_mut() {
+                        if db.next_round <= now {
+                            db.next_round = now + retry;
+                        }
+                    }
+                    return;
+                }
+                Err(StartError::Other(why)) => {
+                    let db = &self.served[&oid];
+                    log!(
+                        "lockext: could not start a reaper round for database \"{}\": {why}",
+                        db.name
+                    );
+                    self.failed(oid);
+                }
             }
         }
     }
 
-    fn start(&mut self, oid: u32) -> Result<(), &'static str> {
+    fn start(&mut self, oid: u32) -> Result<(), StartError> {
         let Some(db) = self.served.get(&oid) else {
-            return Err("it is no longer served");
+            return Err(StartError::Other("it is no longer served"));
         };
         let Some(slot) = (0..MAX_ROUNDS).find(|i| !self.rounds.iter().any(|r| r.slot == *i)) else {
-            return Err("every round slot is taken");
+            return Err(StartError::Other("every round slot is taken"));
         };
         HANDOFFS.exclusive().slots[slot] = Handoff {
             database: oid,
@@ -583,7 +667,7 @@ impl Launcher {
         };
         if !registered {
             HANDOFFS.exclusive().slots[slot] = Handoff::default();
-            return Err("no background worker slot is free (max_worker_processes)");
+            return Err(StartError::NoWorkerSlot);
         }
         self.rounds.push(Round {
             database: oid,
@@ -622,6 +706,7 @@ impl Launcher {
         };
         let now = Instant::now();
         db.last_end = now;
+        db.settled = outcome == Outcome::Reaped;
         match &outcome {
             Outcome::Reaped => {
                 db.failures = 0;
@@ -687,6 +772,13 @@ impl Launcher {
             round.terminate();
         }
     }
+}
+
+/// Why a round could not start.
+enum StartError {
+    /// RegisterDynamicBackgroundWorker found every max_worker_processes slot taken.
+    NoWorkerSlot,
+    Other(&'static str),
 }
 
 fn reap_interval() -> Duration {
@@ -994,13 +1086,71 @@ fn reap_round(
         // are), so a round ends within reap_round_batches of them.
         batches += 1;
         if !more || batches >= settings::REAP_ROUND_BATCHES.get() {
-            return Ok(Some((reporter, reaped)));
+            // Publications from here on are kept apart: the snapshot of `next_due` might
+            // not see what they wrote (`status`).
+            reporter.computing_due();
+            return match in_transaction(next_due) {
+                Ok(due) => {
+                    reporter.due(due);
+                    Ok(Some((reporter, reaped)))
+                }
+                Err(message) => {
+                    reporter.round_done(reaped, Some(&message));
+                    Err(RoundError::Failed { reaped, message })
+                }
+            };
         }
         pg_sys::check_for_interrupts!();
         if BackgroundWorker::sighup_received() {
             unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
         }
     }
+}
+
+static mut PREV_ACCESS: pg_sys::object_access_hook_type = None;
+
+/// Watches for an extension being dropped (`DROP EXTENSION`, and `DROP SCHEMA ... CASCADE`
+/// or `DROP OWNED` that take one with them): its database becomes due when the dropping
+/// transaction commits, so that a round finds lockext gone and the launcher lets the
+/// database go (its reaper_status row with it) at once, as when a round ran every
+/// interval; an idle database would otherwise keep its row until its sweep. Any
+/// extension: a round too many costs one round. An object access hook, not a utility
+/// hook: it is called for the one object, and wraps no statement's execution (whose
+/// errors would pass through it).
+pub fn watch_drops() {
+    unsafe {
+        PREV_ACCESS = pg_sys::object_access_hook;
+        pg_sys::object_access_hook = Some(object_access);
+    }
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn object_access(
+    access: pg_sys::ObjectAccessType::Type,
+    class_id: pg_sys::Oid,
+    object_id: pg_sys::Oid,
+    sub_id: std::ffi::c_int,
+    arg: *mut std::ffi::c_void,
+) {
+    unsafe {
+        if let Some(prev) = PREV_ACCESS {
+            pg_sys::submodules::ffi::pg_guard_ffi_boundary(|| {
+                prev(access, class_id, object_id, sub_id, arg)
+            });
+        }
+    }
+    if access == pg_sys::ObjectAccessType::OAT_DROP && class_id == pg_sys::ExtensionRelationId {
+        status::due_now();
+    }
+}
+
+/// When the database next needs a round (a TimestampTz; timestamptz's infinity: never).
+fn next_due() -> Result<pg_sys::TimestampTz, LockError> {
+    Spi::connect_mut(|client| {
+        let now = backend::now()?;
+        let due = first_value::<TimestampWithTimeZone>(NEXT_DUE.run(client, &[now.into()])?)?;
+        Ok(due.map_or(status::NEVER, pg_sys::TimestampTz::from))
+    })
 }
 
 /// Deletes up to `limit` leases of each kind that `REAP` clears, and wakes their waiters at

@@ -88,6 +88,8 @@ unsafe extern "C-unwind" fn end_at_exit(_code: c_int, _arg: pg_sys::Datum) {
         })
     });
     if let Err(message) = ended {
+        // Leases whose session is gone are due now (no expiry covers them).
+        crate::status::publish(backend::clock());
         warning!(
             "lockext: could not end this session's leases at exit ({message}); the reaper will"
         );

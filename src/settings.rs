@@ -40,6 +40,7 @@ pub static DATABASE: GucSetting<Option<CString>> = GucSetting::<Option<CString>>
 pub static REAP_INTERVAL_MS: GucSetting<i32> = GucSetting::<i32>::new(1000);
 pub static REAP_BATCH_SIZE: GucSetting<i32> = GucSetting::<i32>::new(1000);
 pub static REAP_ROUND_BATCHES: GucSetting<i32> = GucSetting::<i32>::new(100);
+pub static REAPER_DATABASES: GucSetting<i32> = GucSetting::<i32>::new(1024);
 pub static LOCK_DELAY_MS: GucSetting<i32> = GucSetting::<i32>::new(0);
 pub static NOTIFY: GucSetting<bool> = GucSetting::<bool>::new(false);
 pub static NOTIFY_QUEUE_LIMIT: GucSetting<f64> = GucSetting::<f64>::new(0.5);
@@ -71,8 +72,9 @@ pub fn define() {
     );
     GucRegistry::define_int_guc(
         c"lockext.reap_interval",
-        c"How long the reaper sleeps between rounds.",
-        c"A round deletes expired leases in batches until none are left.",
+        c"The least time between two reaper rounds in one database.",
+        c"A round runs where something is due (and in every database every 10 minutes); \
+          the launcher notices a due database within this interval.",
         &REAP_INTERVAL_MS,
         10,
         3_600_000,
@@ -98,6 +100,17 @@ pub fn define() {
         1,
         1_000_000,
         GucContext::Sighup,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"lockext.reaper_databases",
+        c"How many databases reaper_status shows, and the reaper knows when each is due.",
+        c"Set at server start (about 330 bytes of shared memory each). Databases beyond it \
+          are still reaped, every lockext.reap_interval, idle or not, and are not shown.",
+        &REAPER_DATABASES,
+        16,
+        100_000,
+        GucContext::Postmaster,
         GucFlags::default(),
     );
     GucRegistry::define_int_guc(

@@ -33,9 +33,11 @@ pub enum Counter {
     KeepaliveRenewalsOk,
     KeepaliveRenewalsFailed,
     EventsSkipped,
+    ReaperDatabasesUnseen,
+    ReaperSlotWaits,
 }
 
-const COUNTERS: usize = 13;
+const COUNTERS: usize = 15;
 const NAMES: [&str; COUNTERS] = [
     "acquires_granted",
     "acquires_refused",
@@ -50,6 +52,8 @@ const NAMES: [&str; COUNTERS] = [
     "keepalive_renewals_ok",
     "keepalive_renewals_failed",
     "events_skipped",
+    "reaper_databases_unseen",
+    "reaper_slot_waits",
 ];
 
 #[derive(Default)]

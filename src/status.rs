@@ -1,113 +1,371 @@
-//! What the reapers report: one slot per database in shared memory, read by
-//! `lockext.reaper_status()`. Shared memory exists only when lockext is preloaded; without
-//! it there is no reaper, and the function returns no rows.
+//! What the reapers report, and when each database next needs a round: one entry per
+//! database the reaper serves, in shared memory sized at server start by
+//! `lockext.reaper_databases`, read by `lockext.reaper_status()` and by the launcher.
+//! Shared memory exists only when lockext is preloaded; without it there is no reaper, and
+//! the function returns no rows.
+//!
+//! Each entry's **due** is the earliest time anything in its database can become reapable,
+//! or later never (`NEVER`). A round publishes the true one when it ends (`Reporter::due`);
+//! a transaction that writes an expiry publishes min(due, that expiry) when it commits
+//! (`publish`). A round's snapshot may miss a transaction that commits while it computes,
+//! so every publication is also kept in `since`, which the round resets before it computes
+//! and takes the minimum with after: a publication is never lost to a round's overwrite.
 
-use pgrx::lwlock::PgLwLock;
+use std::cell::Cell;
+use std::collections::HashMap;
+
+use pgrx::pg_sys;
 use pgrx::prelude::*;
-use pgrx::{pg_shmem_init, PGRXSharedMemory};
 
 use crate::backend;
+use crate::settings;
 
-/// Reapers that can report at once; more databases than this still get reaped.
-const SLOTS: usize = 16;
 const ERROR_BYTES: usize = 240;
+/// A due time that never comes: timestamptz's infinity.
+pub const NEVER: i64 = i64::MAX;
+const NAME: &std::ffi::CStr = c"lockext_reaper_board";
 
+#[repr(C)]
 #[derive(Clone, Copy)]
-pub struct ReaperSlot {
-    database: u32, // oid; 0 = free slot
+struct Entry {
+    database: u32, // oid; 0 = free entry
     pid: i32,
     last_run: i64, // TimestampTz; 0 = no round finished yet
     rounds: u64,
     reaped_total: u64,
     reaped_last_round: u64,
+    /// TimestampTz: when the database next needs a round.
+    due: i64,
+    /// The earliest time published since the running round began computing `due`.
+    since: i64,
     error_len: usize,
     error: [u8; ERROR_BYTES],
 }
 
-impl Default for ReaperSlot {
-    fn default() -> Self {
-        ReaperSlot {
-            database: 0,
-            pid: 0,
-            last_run: 0,
-            rounds: 0,
-            reaped_total: 0,
-            reaped_last_round: 0,
-            error_len: 0,
-            error: [0; ERROR_BYTES],
+const FREE: Entry = Entry {
+    database: 0,
+    pid: 0,
+    last_run: 0,
+    rounds: 0,
+    reaped_total: 0,
+    reaped_last_round: 0,
+    due: NEVER,
+    since: NEVER,
+    error_len: 0,
+    error: [0; ERROR_BYTES],
+};
+
+/// The board's header; `capacity` entries follow it.
+#[repr(C)]
+struct Header {
+    capacity: usize,
+    /// Whether the WARNING about a full board was given (once per server start).
+    warned: bool,
+}
+
+// Set in every process by the shmem startup hook (inherited through fork).
+static mut BOARD: *mut Header = std::ptr::null_mut();
+static mut LOCK: *mut pg_sys::LWLock = std::ptr::null_mut();
+static mut PREV_REQUEST: Option<unsafe extern "C-unwind" fn()> = None;
+static mut PREV_STARTUP: Option<unsafe extern "C-unwind" fn()> = None;
+
+fn capacity_setting() -> usize {
+    settings::REAPER_DATABASES.get().max(1) as usize
+}
+
+fn board_size(capacity: usize) -> usize {
+    std::mem::size_of::<Header>() + capacity * std::mem::size_of::<Entry>()
+}
+
+/// Asks for the board's memory and lock (at preload: the size is a postmaster setting).
+pub fn init_shared_memory() {
+    unsafe {
+        PREV_REQUEST = pg_sys::shmem_request_hook;
+        pg_sys::shmem_request_hook = Some(request);
+        PREV_STARTUP = pg_sys::shmem_startup_hook;
+        pg_sys::shmem_startup_hook = Some(startup);
+    }
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn request() {
+    unsafe {
+        if let Some(prev) = PREV_REQUEST {
+            prev();
+        }
+        pg_sys::RequestAddinShmemSpace(board_size(capacity_setting()));
+        pg_sys::RequestNamedLWLockTranche(NAME.as_ptr(), 1);
+    }
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn startup() {
+    unsafe {
+        if let Some(prev) = PREV_STARTUP {
+            prev();
+        }
+        // AddinShmemInitLock (lwlocknames.h), as pgrx's own shared memory takes it.
+        let init_lock = &raw mut (*pg_sys::MainLWLockArray.add(21)).lock;
+        pg_sys::LWLockAcquire(init_lock, pg_sys::LWLockMode::LW_EXCLUSIVE);
+        let capacity = capacity_setting();
+        let mut found = false;
+        let board =
+            pg_sys::ShmemInitStruct(NAME.as_ptr(), board_size(capacity), &mut found) as *mut Header;
+        if !found {
+            board.write(Header {
+                capacity,
+                warned: false,
+            });
+            let entries = board.add(1) as *mut Entry;
+            for i in 0..capacity {
+                entries.add(i).write(FREE);
+            }
+        }
+        BOARD = board;
+        LOCK = &raw mut (*pg_sys::GetNamedLWLockTranche(NAME.as_ptr())).lock;
+        pg_sys::LWLockRelease(init_lock);
+    }
+}
+
+/// The board under its lock, released when dropped. Nothing under it may raise an error.
+struct Locked {
+    header: &'static mut Header,
+    entries: &'static mut [Entry],
+}
+
+impl Locked {
+    fn take(mode: pg_sys::LWLockMode::Type) -> Option<Locked> {
+        unsafe {
+            let board = BOARD;
+            if board.is_null() || LOCK.is_null() {
+                return None;
+            }
+            pg_sys::LWLockAcquire(LOCK, mode);
+            let capacity = (*board).capacity;
+            Some(Locked {
+                header: &mut *board,
+                entries: std::slice::from_raw_parts_mut(board.add(1) as *mut Entry, capacity),
+            })
+        }
+    }
+
+    fn exclusive() -> Option<Locked> {
+        Locked::take(pg_sys::LWLockMode::LW_EXCLUSIVE)
+    }
+
+    fn shared() -> Option<Locked> {
+        Locked::take(pg_sys::LWLockMode::LW_SHARED)
+    }
+
+    fn find(&self, db: u32) -> Option<usize> {
+        self.entries.iter().position(|e| e.database == db)
+    }
+}
+
+impl Drop for Locked {
+    fn drop(&mut self) {
+        // Not while PostgreSQL's error handling unwinds: the abort releases every LWLock.
+        unsafe {
+            if pg_sys::InterruptHoldoffCount > 0 {
+                pg_sys::LWLockRelease(LOCK);
+            }
         }
     }
 }
 
-#[derive(Clone, Copy, Default)]
-pub struct Board {
-    slots: [ReaperSlot; SLOTS],
-}
-
-// Plain old data with no pointers: safe to place in shared memory.
-unsafe impl PGRXSharedMemory for Board {}
-
-static BOARD: PgLwLock<Board> = unsafe { PgLwLock::new(c"lockext_reaper_status") };
-
-pub fn init_shared_memory() {
-    pg_shmem_init!(BOARD);
-}
-
-/// A reaper's handle on its slot, found or claimed by database oid.
+/// A round's handle on its database's entry, found or claimed by database oid.
 pub struct Reporter {
+    database: u32,
     index: Option<usize>,
 }
 
 impl Reporter {
+    /// Finds or claims the entry of `database`. With every entry taken the round still
+    /// reaps, unseen: counted in lockext.stats (`reaper_databases_unseen`), with a WARNING
+    /// once per server start; the launcher then serves the database every
+    /// `lockext.reap_interval`, as it has no due time for it.
     pub fn claim(database: pg_sys::Oid, pid: i32) -> Reporter {
         let db = database.to_u32();
-        let mut board = BOARD.exclusive();
-        let index = board
-            .slots
-            .iter()
-            .position(|s| s.database == db)
-            .or_else(|| board.slots.iter().position(|s| s.database == 0));
-        if let Some(i) = index {
-            let slot = &mut board.slots[i];
-            slot.database = db;
-            slot.pid = pid;
+        let (index, warn, capacity) = match Locked::exclusive() {
+            None => (None, false, 0),
+            Some(board) => {
+                let index = board.find(db).or_else(|| board.find(0));
+                if let Some(i) = index {
+                    let entry = &mut board.entries[i];
+                    if entry.database != db {
+                        *entry = FREE;
+                        entry.database = db;
+                    }
+                    entry.pid = pid;
+                }
+                let warn = index.is_none() && !board.header.warned;
+                if warn {
+                    board.header.warned = true;
+                }
+                (index, warn, board.header.capacity)
+            }
+        };
+        if index.is_none() {
+            crate::stats::count(crate::stats::Counter::ReaperDatabasesUnseen);
         }
-        Reporter { index }
+        if warn {
+            warning!(
+                "lockext: reaper_status has no room for more databases \
+                 (lockext.reaper_databases = {capacity}); the databases without a row are \
+                 reaped every lockext.reap_interval, idle or not, and not shown"
+            );
+        }
+        Reporter {
+            database: db,
+            index,
+        }
     }
 
     /// Counts one batch as soon as it commits, so the totals are right even mid-round.
     pub fn batch(&self, reaped: u64) {
-        self.update(|slot| slot.reaped_total += reaped);
+        self.update(|entry| entry.reaped_total += reaped);
     }
 
     pub fn round_done(&self, reaped: u64, error: Option<&str>) {
         let now = backend::clock();
-        self.update(|slot| {
-            slot.rounds += 1;
-            slot.last_run = now;
-            slot.reaped_last_round = reaped;
+        self.update(|entry| {
+            entry.rounds += 1;
+            entry.last_run = now;
+            entry.reaped_last_round = reaped;
             let msg = error.unwrap_or("").as_bytes();
             let len = floor_char_boundary(msg, ERROR_BYTES);
-            slot.error[..len].copy_from_slice(&msg[..len]);
-            slot.error_len = len;
+            entry.error[..len].copy_from_slice(&msg[..len]);
+            entry.error_len = len;
         });
     }
 
-    fn update(&self, f: impl FnOnce(&mut ReaperSlot)) {
-        if let Some(i) = self.index {
-            f(&mut BOARD.exclusive().slots[i]);
+    /// Call before the round reads when its database is next due: publications from now
+    /// on are kept apart, for `due`.
+    pub fn computing_due(&self) {
+        self.update(|entry| entry.since = NEVER);
+    }
+
+    /// The round read (under a snapshot taken after `computing_due`) that nothing is
+    /// reapable before `at`: the database is due then, or earlier if a transaction
+    /// published an earlier time since.
+    pub fn due(&self, at: i64) {
+        self.update(|entry| entry.due = at.min(entry.since));
+    }
+
+    fn update(&self, f: impl FnOnce(&mut Entry)) {
+        let Some(i) = self.index else { return };
+        if let Some(board) = Locked::exclusive() {
+            if let Some(entry) = board
+                .entries
+                .get_mut(i)
+                .filter(|e| e.database == self.database)
+            {
+                f(entry);
+            }
         }
     }
 }
 
-/// Frees the slot of `database`, whose reaper was let go (lockext dropped there, the
+thread_local! {
+    // Where this backend's database's entry was last found: (database, index).
+    static MY_ENTRY: Cell<(u32, usize)> = const { Cell::new((0, usize::MAX)) };
+}
+
+/// Makes the current database due no later than `at` (a TimestampTz): for a transaction
+/// that wrote a row that becomes reapable then, once it is visible (at commit). One lock
+/// of the board, no catalog access. A database without an entry has had no round since
+/// the server started (the launcher runs a first round in each, whatever the board
+/// says) or is unseen (then reaped every interval): nothing to do.
+pub fn publish(at: i64) {
+    if !settings::preloaded() {
+        return;
+    }
+    let db = unsafe { pg_sys::MyDatabaseId }.to_u32();
+    let Some(board) = Locked::exclusive() else {
+        return;
+    };
+    let (cached_db, cached) = MY_ENTRY.get();
+    let index = if cached_db == db && board.entries.get(cached).is_some_and(|e| e.database == db) {
+        Some(cached)
+    } else {
+        board.find(db)
+    };
+    if let Some(i) = index {
+        let entry = &mut board.entries[i];
+        entry.due = entry.due.min(at);
+        entry.since = entry.since.min(at);
+        MY_ENTRY.set((db, i));
+    }
+}
+
+thread_local! {
+    /// (local transaction id, the earliest expiry it wrote): published when it commits.
+    static DUE_AT_COMMIT: Cell<(pg_sys::LocalTransactionId, pg_sys::TimestampTz)> =
+        const { Cell::new((0, NEVER)) };
+}
+
+/// Call when this transaction writes a row that becomes reapable at `at` or later (a
+/// lease's or keep-alive's expiry): when it commits, its database becomes due no later
+/// than that (`publish`, one lock of shared memory; nothing when the reaper
+/// already meant to come earlier). At commit, not now: the row must be visible to the
+/// round that the time calls. A prepared transaction publishes at PREPARE; one that a
+/// round misses then is found by the sweep.
+pub fn due_by(at: TimestampWithTimeZone) {
+    due_by_micros(pg_sys::TimestampTz::from(at));
+}
+
+/// As `due_by`, now: for a statement after which a round must look (DROP EXTENSION).
+pub fn due_now() {
+    due_by_micros(backend::clock());
+}
+
+fn due_by_micros(at: pg_sys::TimestampTz) {
+    if !settings::preloaded() {
+        return;
+    }
+    if at == NEVER {
+        return;
+    }
+    let lxid = backend::local_transaction();
+    let (xact, earliest) = DUE_AT_COMMIT.get();
+    if xact == lxid {
+        DUE_AT_COMMIT.set((lxid, earliest.min(at)));
+        return;
+    }
+    DUE_AT_COMMIT.set((lxid, at));
+    pgrx::register_xact_callback(pgrx::PgXactCallbackEvent::Commit, publish_due);
+    pgrx::register_xact_callback(pgrx::PgXactCallbackEvent::Prepare, publish_due);
+}
+
+fn publish_due() {
+    let (_, at) = DUE_AT_COMMIT.replace((0, NEVER));
+    if at != NEVER {
+        publish(at);
+    }
+}
+
+/// Every database's due time, for the launcher (one pass over the board).
+pub fn dues() -> HashMap<u32, i64> {
+    let Some(board) = Locked::shared() else {
+        return HashMap::new();
+    };
+    board
+        .entries
+        .iter()
+        .filter(|e| e.database != 0)
+        .map(|e| (e.database, e.due))
+        .collect()
+}
+
+/// Frees the entry of `database`, whose reaper was let go (lockext dropped there, the
 /// database dropped, or no longer in `lockext.database`): reaper_status stops showing it,
 /// and another database may report in its place.
 pub fn forget(database: pg_sys::Oid) {
     let db = database.to_u32();
-    let mut board = BOARD.exclusive();
-    for slot in board.slots.iter_mut().filter(|s| s.database == db) {
-        *slot = ReaperSlot::default();
+    if let Some(board) = Locked::exclusive() {
+        for entry in board.entries.iter_mut().filter(|e| e.database == db) {
+            *entry = FREE;
+        }
     }
 }
 
@@ -120,8 +378,8 @@ fn floor_char_boundary(bytes: &[u8], max: usize) -> usize {
     len
 }
 
-/// One row per database that the reaper serves: the process of its last round, when that
-/// round ended, its counts.
+/// One row per database that the reaper serves (up to `lockext.reaper_databases`): the
+/// process of its last round, when that round ended, its counts.
 // The row type is spelled out where pgrx reads its column names.
 #[allow(clippy::type_complexity)]
 #[pg_extern(volatile, parallel_safe)]
@@ -138,17 +396,19 @@ fn reaper_status() -> TableIterator<
         name!(last_error, Option<String>),
     ),
 > {
-    if !crate::settings::preloaded() {
+    if !settings::preloaded() {
         return TableIterator::new(Vec::new());
     }
-    let slots: Vec<ReaperSlot> = BOARD
-        .share()
-        .slots
-        .iter()
-        .copied()
-        .filter(|s| s.database != 0)
-        .collect();
-    TableIterator::new(slots.into_iter().map(|s| {
+    let entries: Vec<Entry> = match Locked::shared() {
+        Some(board) => board
+            .entries
+            .iter()
+            .copied()
+            .filter(|e| e.database != 0)
+            .collect(),
+        None => Vec::new(),
+    };
+    TableIterator::new(entries.into_iter().map(|s| {
         let error = String::from_utf8_lossy(&s.error[..s.error_len]).into_owned();
         (
             database_name(s.database),

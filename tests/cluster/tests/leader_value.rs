@@ -54,11 +54,28 @@ fn a_leader_in_its_lock_delay_keeps_its_value_until_its_lease_is_reaped() {
             expired.then_some(())
         },
     );
-    // Two rounds that started after the expiry, while the lease is in its lock-delay.
+    // Two rounds that started after the expiry, while the lease is in its lock-delay: a
+    // round runs where something is due, so each is given an expired lease to reap.
     let seen = rounds(&mut c);
-    eventually(Duration::from_secs(10), "two more reaper rounds", || {
-        (rounds(&mut c) >= seen + 2).then_some(())
-    });
+    for i in 0..2 {
+        let lock = format!("tick-{i}");
+        c.query_one(
+            "SELECT lockext.lock_acquire($1, 'dead-client', '1 millisecond')",
+            &[&lock],
+        )
+        .expect("lock_acquire");
+        eventually(Duration::from_secs(10), "the tick reaped", || {
+            let gone: bool = c
+                .query_one(
+                    "SELECT count(*) = 0 FROM lockext.locks WHERE lock_id = $1",
+                    &[&lock],
+                )
+                .unwrap()
+                .get(0);
+            gone.then_some(())
+        });
+    }
+    assert!(rounds(&mut c) >= seen + 2, "two more reaper rounds");
     let in_delay: bool = c
         .query_one(
             "SELECT count(*) = 1 FROM lockext.locks WHERE lock_id = 'leader' \
