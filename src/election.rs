@@ -61,8 +61,8 @@ static HOLDERS: Statement = Statement {
 };
 
 /// How long an observer sleeps between two looks: how late it may learn of a change.
-/// A look (subtransaction, read, latch) measured about 125 µs of CPU: 50 observers
-/// looking every 20 ms spent 0.63% of a core each, every 50 ms 0.32%.
+/// A look (subtransaction, read, latch) costs 170 to 220 µs of CPU: an observer spends
+/// 0.33 to 0.45 % of a core (`bench/observer.sh`, docs/benchmarks.md).
 const OBSERVE_NAP: Duration = Duration::from_millis(50);
 
 /// One live grant of a lock id, as `lock_holders` shows it.
