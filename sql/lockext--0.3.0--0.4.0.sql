@@ -125,3 +125,25 @@ LANGUAGE c AS 'MODULE_PATHNAME', 'lockext_fence_guard';
 -- 0.1.0 and 0.2.0 dumps carry a `boot` column in the epoch row: the row then restores,
 -- and is evidence of the tokens they handed out.
 ALTER TABLE lockext.token_epoch ADD COLUMN boot bigint;
+
+
+-- ---- values: bounded per role --------------------------------------------------------
+-- A value records the role that set it (its grant's), so that what one role stores can be
+-- summed (lockext.role_values_size). Values whose grant is gone are deleted here (nobody
+-- shows them; the reaper would have); the others take their lease's role (0 if that lease
+-- ended in the meantime: a value counted for no role, deleted by the reaper).
+DELETE FROM lockext.lease_values AS v
+ WHERE NOT EXISTS (SELECT FROM lockext.locks AS l
+                    WHERE l.lock_id = v.lock_id AND l.fence_token = v.fence_token)
+   AND NOT EXISTS (SELECT FROM lockext.shared_leases AS s
+                    WHERE s.lock_id = v.lock_id AND s.fence_token = v.fence_token);
+ALTER TABLE lockext.lease_values ADD COLUMN holder_role oid;
+UPDATE lockext.lease_values AS v
+   SET holder_role = coalesce(
+       (SELECT l.holder_role FROM lockext.locks AS l
+         WHERE l.lock_id = v.lock_id AND l.fence_token = v.fence_token),
+       (SELECT s.holder_role FROM lockext.shared_leases AS s
+         WHERE s.lock_id = v.lock_id AND s.fence_token = v.fence_token),
+       0);
+ALTER TABLE lockext.lease_values ALTER COLUMN holder_role SET NOT NULL;
+CREATE INDEX lease_values_role_idx ON lockext.lease_values (holder_role);

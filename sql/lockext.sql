@@ -155,6 +155,8 @@ CREATE TABLE lockext.resources (
 -- its grant only as a row nobody shows: lock_holders joins on the live lease's token, and
 -- the setter and the reaper delete such rows. A table of its own, so that a grant without
 -- a value costs nothing more. version counts the values set during the grant (from 1).
+-- holder_role is the role that set it (its grant's): what one role stores is bounded
+-- (lockext.role_values_size), summed over its rows, found by their own index.
 CREATE TABLE lockext.lease_values (
     lock_id     text        NOT NULL,
     fence_token bigint      NOT NULL,
@@ -162,9 +164,11 @@ CREATE TABLE lockext.lease_values (
     value       jsonb       NOT NULL,
     version     bigint      NOT NULL CHECK (version > 0),
     set_at      timestamptz NOT NULL,
+    holder_role oid         NOT NULL,
     PRIMARY KEY (lock_id, fence_token)
 );
 ALTER TABLE lockext.lease_values SET (vacuum_truncate = false);
+CREATE INDEX lease_values_role_idx ON lockext.lease_values (holder_role);
 
 -- pg_dump skips extension members unless they are marked: without this a restore would
 -- bring back no leases, no high-water marks and no era. The token sequence is not marked:

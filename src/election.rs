@@ -32,10 +32,11 @@ use pgrx::spi::SpiClient;
 
 use crate::backend;
 use crate::caller;
-use crate::error::{self, LockError, OrReport, MAX_VALUE_BYTES};
+use crate::error::{self, LockError, OrReport};
 use crate::grant::Request;
 use crate::lease;
-use crate::statements::{first_value, Statement};
+use crate::settings;
+use crate::statements::Statement;
 use crate::text::{Jsonb, Text, TextBuf};
 use crate::wait;
 use crate::xact;
@@ -50,6 +51,7 @@ static SET_VALUE: Statement = Statement {
         INT8OID,
         JSONBOID,
         BOOLOID,
+        INT8OID,
     ],
 };
 
@@ -59,8 +61,8 @@ static HOLDERS: Statement = Statement {
 };
 
 /// How long an observer sleeps between two looks: how late it may learn of a change.
-/// A look (subtransaction, read, latch) measured about 125 µs of CPU: 50 observers
-/// looking every 20 ms spent 0.63% of a core each, every 50 ms 0.32%.
+/// A look (subtransaction, read, latch) costs 170 to 220 µs of CPU: an observer spends
+/// 0.33 to 0.45 % of a core (`bench/observer.sh`, docs/benchmarks.md).
 const OBSERVE_NAP: Duration = Duration::from_millis(50);
 
 /// One live grant of a lock id, as `lock_holders` shows it.
@@ -233,17 +235,24 @@ fn lock_observe(
     TableIterator::once(row)
 }
 
-/// A value a grant may carry: present, and not over-long.
+/// A value a grant may carry: present, and not over `lockext.value_max_size`: a leader's
+/// address or a shard map, not a payload store (every follower reads it at each change,
+/// and every set writes it whole to the WAL).
 fn valid_value(value: Option<Jsonb>) -> Result<Jsonb, LockError> {
     let value = value.ok_or(LockError::NullArgument { arg: "value" })?;
-    if value.len() > MAX_VALUE_BYTES {
-        return Err(LockError::ValueTooLarge { len: value.len() });
+    let limit = settings::value_max_size();
+    if value.len() > limit {
+        return Err(LockError::ValueTooLarge {
+            len: value.len(),
+            limit,
+        });
     }
     Ok(value)
 }
 
 /// Stores `value` for the caller's live grant `token`; its version, or None when the
-/// caller holds no such grant (and then nothing changed, no row is left locked).
+/// caller holds no such grant (and then nothing changed, no row is left locked). Refused
+/// when the role's values would pass `lockext.role_values_size`: nothing changed then either.
 fn store(
     lock_id: Text<'_>,
     owner: Text<'_>,
@@ -251,7 +260,8 @@ fn store(
     value: Jsonb,
 ) -> Result<Option<i64>, LockError> {
     let now = backend::now()?;
-    let args: [DatumWithOid<'_>; 7] = [
+    let limit = settings::role_values_size();
+    let args: [DatumWithOid<'_>; 8] = [
         lock_id.into(),
         owner.into(),
         caller::role().into(),
@@ -259,10 +269,27 @@ fn store(
         token.into(),
         value.into(),
         crate::events::enabled().into(),
+        i64::try_from(limit).unwrap_or(i64::MAX).into(),
     ];
-    Spi::connect_mut(|client| {
-        xact::kept_if_found(|| Ok(first_value::<i64>(SET_VALUE.run(client, &args)?)?))
-    })
+    let mut full = false;
+    let version = Spi::connect_mut(|client| {
+        xact::kept_if_found(|| {
+            let rows = SET_VALUE.run(client, &args)?;
+            if rows.is_empty() {
+                return Ok(None);
+            }
+            let row = rows.first();
+            let version = row.get_by_name::<i64, _>("version")?;
+            full = version.is_none()
+                && row.get_by_name::<bool, _>("held")? == Some(true)
+                && row.get_by_name::<bool, _>("fits")? == Some(false);
+            Ok(version)
+        })
+    })?;
+    if full {
+        return Err(LockError::RoleValuesFull { limit });
+    }
+    Ok(version)
 }
 
 /// The live grants of `lock_id` by the clock `now`, oldest first, at most `limit`; their

@@ -18,10 +18,6 @@ pub const MAX_ID_BYTES: usize = 256;
 /// Most permits a semaphore may have.
 pub const MAX_PERMITS: i32 = 1_000_000;
 
-/// Largest value a grant may carry, in bytes of its jsonb: a leader's address or a shard
-/// map, not a payload store (every follower reads it at each change).
-pub const MAX_VALUE_BYTES: usize = 1024 * 1024;
-
 /// Longest lease accepted. A lease is renewed by a live holder; a TTL longer than a day
 /// only keeps a dead client's lock from being cleaned up.
 pub const MAX_TTL_MICROS: i64 = 24 * 60 * 60 * 1_000_000;
@@ -62,8 +58,8 @@ pub enum LockError {
     #[error("lock_set_value works only in READ COMMITTED transactions")]
     SetValueNeedsReadCommitted,
 
-    #[error("value is {len} bytes as jsonb; the limit is {MAX_VALUE_BYTES} bytes")]
-    ValueTooLarge { len: usize },
+    #[error("value is {len} bytes as jsonb; the limit is {limit} bytes (lockext.value_max_size)")]
+    ValueTooLarge { len: usize, limit: usize },
 
     #[error("{arg} must not be negative, got {value}")]
     VersionNegative { arg: &'static str, value: i64 },
@@ -120,6 +116,11 @@ pub enum LockError {
 
     #[error("too many leases taken in one transaction")]
     TooManyClaims,
+
+    #[error(
+        "the values of this role would take more than {limit} bytes (lockext.role_values_size)"
+    )]
+    RoleValuesFull { limit: usize },
 
     /// The calling role lacks the privileges of the role a function needs (`caller::require`).
     /// PostgreSQL's own check would come first and name the function, an internal one when
@@ -185,6 +186,7 @@ impl LockError {
             LockError::NotPermitted { .. } => ERRCODE_INSUFFICIENT_PRIVILEGE, // 42501
             LockError::SessionLeasesOff => ERRCODE_FEATURE_NOT_SUPPORTED, // 0A000
             LockError::TooManyClaims => ERRCODE_OUT_OF_MEMORY,        // 53200
+            LockError::RoleValuesFull { .. } => ERRCODE_CONFIGURATION_LIMIT_EXCEEDED, // 53400
             LockError::IdentifierTooLong { .. } => ERRCODE_STRING_DATA_RIGHT_TRUNCATION, // 22001
             LockError::ReadOnlyServer => ERRCODE_READ_ONLY_SQL_TRANSACTION, // 25006
             LockError::WaitNeedsReadCommitted
@@ -275,6 +277,12 @@ impl LockError {
             LockError::KeepaliveNeedsReadCommitted => Some(
                 "A keep-alive is renewed all the time: a snapshot taken at the transaction's \
                  start sees an old expiry. Attach from a READ COMMITTED transaction.",
+            ),
+            LockError::RoleValuesFull { .. } => Some(
+                "Each value counts as at least 1 kB, and a value of an ended grant until it is \
+                 deleted (by the next value set on its lock id, or the reaper's next round). \
+                 Release grants whose values are not needed, publish smaller values, or ask a \
+                 superuser to raise lockext.role_values_size for the role.",
             ),
             LockError::ValueTooLarge { .. } => Some(
                 "Publish where the data is (an address, a key), not the data: every follower \

@@ -45,6 +45,19 @@ pub static LOCK_DELAY_MS: GucSetting<i32> = GucSetting::<i32>::new(0);
 pub static NOTIFY: GucSetting<bool> = GucSetting::<bool>::new(false);
 pub static NOTIFY_QUEUE_LIMIT: GucSetting<f64> = GucSetting::<f64>::new(0.5);
 pub static SESSION_LEASES: GucSetting<bool> = GucSetting::<bool>::new(true);
+pub static VALUE_MAX_SIZE: GucSetting<i32> = GucSetting::<i32>::new(1024 * 1024);
+
+pub static ROLE_VALUES_SIZE: GucSetting<i32> = GucSetting::<i32>::new(16 * 1024 * 1024);
+
+/// How many bytes of values one role may store in a database (`lockext.role_values_size`).
+pub fn role_values_size() -> usize {
+    usize::try_from(ROLE_VALUES_SIZE.get()).unwrap_or(0)
+}
+
+/// Largest value a grant may carry, in bytes of its jsonb (`lockext.value_max_size`).
+pub fn value_max_size() -> usize {
+    usize::try_from(VALUE_MAX_SIZE.get()).unwrap_or(0)
+}
 
 pub fn define() {
     unsafe {
@@ -153,6 +166,30 @@ pub fn define() {
         &SESSION_LEASES,
         GucContext::Suset,
         GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"lockext.value_max_size",
+        c"Largest value a grant may carry (lock_campaign, lock_set_value), as jsonb.",
+        c"A value is an address or a shard map that every follower reads at each change, \
+          and each set writes it whole to the WAL. Only a superuser can change it, so \
+          ALTER ROLE ... SET sticks.",
+        &VALUE_MAX_SIZE,
+        1,
+        // The largest jsonb PostgreSQL stores (its entries' offsets are 28 bits).
+        (1 << 28) - 1,
+        GucContext::Suset,
+        GucFlags::UNIT_BYTE,
+    );
+    GucRegistry::define_int_guc(
+        c"lockext.role_values_size",
+        c"How many bytes of values one role may store in a database.",
+        c"Each value counts as at least 1 kB, so checking it reads a bounded number of \
+          rows. Only a superuser can change it, so ALTER ROLE ... SET sticks.",
+        &ROLE_VALUES_SIZE,
+        0,
+        i32::MAX,
+        GucContext::Suset,
+        GucFlags::UNIT_BYTE,
     );
     // Only after every setting is defined: reserving the prefix removes any lockext.*
     // value read from postgresql.conf that is not (yet) a defined setting.

@@ -2,6 +2,8 @@
 -- not it has expired (that is only cleanup), and reports whether the lease was still live:
 -- only then did the caller hold the lock. A lockext_admin member may release another
 -- role's lease.
+-- The row changed is named by its key ($1, $2) as well as joined to c: an index condition
+-- whatever the statistics say (with none, a join on c alone read every lease per call).
 -- $1 lock_id, $2 owner, $3 role (the calling role), $4 now (the call's clock),
 -- $5 fence_token (NULL: whichever grant the caller holds) (lease::Held, HELD_PARAMS)
 DELETE FROM lockext.locks AS l
@@ -11,5 +13,5 @@ DELETE FROM lockext.locks AS l
            AND (holder_role = $3 OR pg_has_role($3, 'lockext_admin', 'MEMBER'))
            AND ($5::bigint IS NULL OR fence_token = $5)
            FOR UPDATE SKIP LOCKED) AS c
- WHERE l.lock_id = c.lock_id AND l.owner = c.owner
+ WHERE l.lock_id = $1 AND l.owner = $2 AND l.lock_id = c.lock_id AND l.owner = c.owner
 RETURNING c.live, l.fence_token

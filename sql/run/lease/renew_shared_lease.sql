@@ -3,6 +3,8 @@
 -- renew another role's lease.
 -- A lease attached to a keep-alive is left as it is and returned with its keepalive, which
 -- lock_renew refuses (its keep-alive renews it).
+-- The row changed is named by its key ($1, $2) as well as joined to c: an index condition
+-- whatever the statistics say (with none, a join on c alone read every lease per call).
 -- $1 lock_id, $2 owner, $3 role (the calling role), $4 now (the call's clock),
 -- $5 fence_token (NULL: whichever grant the caller holds), $6 ttl (lease::Held, RENEW_PARAMS)
 UPDATE lockext.shared_leases AS l
@@ -14,5 +16,5 @@ UPDATE lockext.shared_leases AS l
            AND (holder_role = $3 OR pg_has_role($3, 'lockext_admin', 'MEMBER'))
            AND ($5::bigint IS NULL OR fence_token = $5)
            FOR UPDATE SKIP LOCKED) AS c
- WHERE l.lock_id = c.lock_id AND l.owner = c.owner
+ WHERE l.lock_id = $1 AND l.owner = $2 AND l.lock_id = c.lock_id AND l.owner = c.owner
 RETURNING l.lock_id, l.expires_at, l.keepalive

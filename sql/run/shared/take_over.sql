@@ -5,6 +5,8 @@
 -- A lease dead because its keep-alive expired is taken only once that keep-alive is ended
 -- (lockext.end_keepalive; see grant/clear_dead_exclusive.sql). The grant is attached to
 -- keep-alive $11 (its own expiry then 'infinity': lockext.lease_expiry), or to none.
+-- The row changed is named by its key ($1, $2) as well as joined to c: an index condition
+-- whatever the statistics say (with none, a join on c alone read every lease per call).
 -- $1 lock_id, $2 owner, $3 role (the calling role), $4 ttl, $5 now (the call's clock),
 -- $6 token (the new grant's), $7 lock_delay, $8 session_start (NULL: not session-bound),
 -- $9 permits, $10 slot, $11 keepalive (NULL: none) (grant::Params, ACQUIRE_PARAMS: every
@@ -32,7 +34,7 @@ UPDATE lockext.shared_leases AS l
                 OR lockext.lease_expiry(expires_at, keepalive) + lock_delay <= $5
                    AND (keepalive IS NULL OR lockext.end_keepalive(keepalive, $5)))
            FOR UPDATE SKIP LOCKED) AS c
- WHERE l.lock_id = c.lock_id AND l.owner = c.owner
+ WHERE l.lock_id = $1 AND l.owner = $2 AND l.lock_id = c.lock_id AND l.owner = c.owner
 RETURNING l.lock_id, l.owner, l.fence_token, l.acquired_at,
           lockext.lease_expiry(l.expires_at, l.keepalive) AS expires_at,
           NOT c.same_grant AS minted, c.old_token AS previous_token

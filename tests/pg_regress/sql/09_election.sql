@@ -65,6 +65,40 @@ SELECT lockext.lock_set_value('', 'node-a', 1, '1');
 SELECT lockext.lock_campaign('big', 'node-a', '1 minute', to_jsonb(repeat('x', 1100000)));
 SELECT lockext.lock_campaign('big', 'node-a', '1 minute', NULL);
 SELECT count(*) AS nothing_taken FROM lockext.locks WHERE lock_id = 'big';
+-- lockext.value_max_size bounds a value (default 1 MiB, as jsonb). Only a superuser sets
+-- it (for a role too: ALTER ROLE ... SET); a value over it is refused (22023) and the
+-- grant keeps its value and version.
+SET lockext.value_max_size = '1MB';
+RESET ROLE;
+SET lockext.value_max_size = '1kB';
+SET ROLE election_app;
+SHOW lockext.value_max_size;
+SELECT version AS before FROM lockext.lock_holders('db-primary');
+SELECT pg_temp.sqlstate_of(format($$SELECT lockext.lock_set_value('db-primary', 'node-a', %s, to_jsonb(repeat('x', 2000)))$$, :a));
+SELECT lockext.lock_set_value('db-primary', 'node-a', :a, to_jsonb(repeat('x', 2000)));
+SELECT value, version AS unchanged FROM lockext.lock_holders('db-primary');
+SELECT lockext.lock_campaign('small-limit', 'node-a', '1 minute', to_jsonb(repeat('x', 2000)));
+SELECT count(*) AS nothing_taken FROM lockext.locks WHERE lock_id = 'small-limit';
+-- lockext.role_values_size bounds what one role stores in the database (default 16 MiB),
+-- each value counted as at least 1 kB. At 2 kB this role has room for two values:
+-- db-primary's and one more; a third is refused (53400), takes no lease and stores
+-- nothing, while the holder of a value may still replace it.
+RESET ROLE;
+SET lockext.role_values_size = '2kB';
+SHOW lockext.role_values_size;
+SELECT count(*) AS values_of_the_role FROM lockext.lease_values v
+  JOIN pg_roles r ON r.oid = v.holder_role WHERE r.rolname = 'election_app';
+SET ROLE election_app;
+SELECT lock_id FROM lockext.lock_campaign('quota-a', 'node-a', '1 minute', '"a"');
+SELECT fence_token AS q FROM lockext.lock_holders('quota-a') \gset
+SELECT pg_temp.sqlstate_of($$SELECT lockext.lock_campaign('quota-b', 'node-a', '1 minute', '"b"')$$);
+SELECT lockext.lock_campaign('quota-b', 'node-a', '1 minute', '"b"');
+SELECT count(*) AS nothing_taken FROM lockext.locks WHERE lock_id = 'quota-b';
+SELECT lockext.lock_set_value('quota-a', 'node-a', :q, '"a, again"') AS version;
+RESET ROLE;
+RESET lockext.value_max_size;
+RESET lockext.role_values_size;
+SET ROLE election_app;
 SELECT * FROM lockext.lock_observe('db-primary', :a, -1, '1 second');
 SELECT * FROM lockext.lock_observe('db-primary', :a, 3, '2 days');
 SELECT value, version FROM lockext.lock_holders('db-primary');
@@ -127,6 +161,6 @@ SELECT owner, kind, value FROM lockext.lock_holders('readers');
 RESET ROLE;
 SELECT lock_id, owner, value, version FROM lockext.lease_values ORDER BY lock_id, owner;
 SELECT lockext.lock_release(lock_id, owner) FROM lockext.holders
- WHERE lock_id IN ('db-primary', 'short', 'pool', 'readers') ORDER BY lock_id, owner;
+ WHERE lock_id IN ('db-primary', 'short', 'pool', 'readers', 'quota-a') ORDER BY lock_id, owner;
 DROP OWNED BY election_app, election_other, election_outsider;
 DROP ROLE election_app, election_other, election_outsider;
