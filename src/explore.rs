@@ -23,8 +23,6 @@ use std::ffi::c_void;
 use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
 use pgrx::{pg_guard, pg_sys};
 
-use crate::backend;
-
 static PAUSE_AT: GucSetting<i32> = GucSetting::<i32>::new(0);
 static TRACE: GucSetting<bool> = GucSetting::<bool>::new(false);
 
@@ -101,11 +99,12 @@ pub fn point(what: impl FnOnce() -> String) {
 /// detection like any other.
 fn wait_to_go_on() {
     // Only inside a transaction of a database (never in the reaper's launcher).
-    if !unsafe { pg_sys::IsTransactionState() } || backend::database() == pg_sys::InvalidOid {
+    let database = unsafe { pg_sys::MyDatabaseId };
+    if !unsafe { pg_sys::IsTransactionState() } || database == pg_sys::InvalidOid {
         return;
     }
     let tag = pg_sys::LOCKTAG {
-        locktag_field1: backend::database().to_u32(),
+        locktag_field1: database.to_u32(),
         locktag_field2: KEY.0,
         locktag_field3: KEY.1,
         locktag_field4: 2,
