@@ -115,17 +115,12 @@ pub fn define() {
         GucContext::Sighup,
         GucFlags::default(),
     );
-    GucRegistry::define_int_guc(
-        c"lockext.reaper_databases",
-        c"How many databases reaper_status shows, and the reaper knows when each is due.",
-        c"Set at server start (about 330 bytes of shared memory each). Databases beyond it \
-          are still reaped, every lockext.reap_interval, idle or not, and are not shown.",
-        &REAPER_DATABASES,
-        16,
-        100_000,
-        GucContext::Postmaster,
-        GucFlags::default(),
-    );
+    // A postmaster setting can only be defined while the server starts: a backend that
+    // loads lockext later (no preload) would fail with "cannot create PGC_POSTMASTER
+    // variables after startup". Without preload there is no reaper to size anyway.
+    if preloaded() {
+        define_reaper_databases();
+    }
     GucRegistry::define_int_guc(
         c"lockext.lock_delay",
         c"How long a lock stays unavailable after a lease expires without a release.",
@@ -194,6 +189,20 @@ pub fn define() {
     // Only after every setting is defined: reserving the prefix removes any lockext.*
     // value read from postgresql.conf that is not (yet) a defined setting.
     unsafe { pg_sys::MarkGUCPrefixReserved(c"lockext".as_ptr()) };
+}
+
+fn define_reaper_databases() {
+    GucRegistry::define_int_guc(
+        c"lockext.reaper_databases",
+        c"How many databases reaper_status shows, and the reaper knows when each is due.",
+        c"Set at server start (about 330 bytes of shared memory each). Databases beyond it \
+          are still reaped, every lockext.reap_interval, idle or not, and are not shown.",
+        &REAPER_DATABASES,
+        16,
+        100_000,
+        GucContext::Postmaster,
+        GucFlags::default(),
+    );
 }
 
 /// Which databases `lockext.database` lets the reaper serve.
