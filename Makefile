@@ -2,19 +2,42 @@
 #   make run            set up this machine, build, install, start a scratch cluster, psql
 #   make test           set up this machine, then run every test (lint first)
 #   make lint           no import circles, rustfmt --check and clippy -D warnings
-#   make install        build the extension (release) into the system PostgreSQL 15
+#   make install        build the extension (release) into PostgreSQL $(PG) (15: Debian's)
 #   make installcheck   SQL spec (pg_regress) and concurrency spec (isolation) on the scratch cluster
 #   make bench          benchmarks side by side, report in bench/results/
 #   make stop           stop the scratch cluster the last `make run` started
-#   make package        an installable tree under target/release/lockext-pg15
+#   make package        an installable tree under target/release/lockext-pg$(PG)
+#
+# PG=16 (or 17, 18) builds, installs and tests on that major version instead of 15, from
+# the tree scripts/bootstrap.sh unpacks under $(PG_ROOT); PG_CONFIG=/path/to/pg_config a
+# server of your own, of any version lockext supports (its version is read from it).
 
-PG_CONFIG  ?= /usr/lib/postgresql/15/bin/pg_config
-PGXS_TEST  := $(shell dirname $$($(PG_CONFIG) --pgxs 2>/dev/null || echo .))/../test
+PG_ROOT    ?= /opt/lockext-postgresql
+ifdef PG_CONFIG
+PG         := $(shell $(PG_CONFIG) --version | sed -n 's/^PostgreSQL \([0-9]*\).*/\1/p')
+else
+PG         ?= 15
+PG_CONFIG  := $(if $(filter 15,$(PG)),/usr/lib/postgresql/15/bin/pg_config,$(PG_ROOT)/$(PG)/bin/pg_config)
+endif
+# The server's programs, for the scratch clusters of every target (scripts/cluster.sh,
+# the cluster and deployment tests, the benchmarks): PG_CONFIG's, whatever the environment
+# says (`make PG_BIN=...` overrides it). Lazy: bootstrap may install the server first.
+PG_BIN      = $(shell $(PG_CONFIG) --bindir)
+export PG_BIN
+export LOCKEXT_PG_BIN = $(PG_BIN)
+export BENCH_PG_BIN = $(PG_BIN)
+export LOCKEXT_EXPLORE_PART
+PGXS_TEST   = $(shell dirname $$($(PG_CONFIG) --pgxs))/../test
 # PORT: the scratch cluster's port (make run PORT=5500), written into its postgresql.conf when
 # scripts/cluster.sh creates it, in /tmp/lockext (or $LOCKEXT_HOME): destroy it to change the port.
 PORT       ?= 5499
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 export LOCKEXT_PORT := $(PORT)
+# A data directory belongs to one major version: the scratch cluster of another one lives
+# beside 15's, not in it.
+ifneq ($(PG),15)
+export LOCKEXT_HOME ?= /tmp/lockext-pg$(PG)
+endif
 
 REGRESS    := $(basename $(notdir $(wildcard tests/pg_regress/sql/*.sql)))
 ISOLATION  := $(basename $(notdir $(wildcard tests/isolation/specs/*.spec)))
@@ -25,9 +48,10 @@ PGTEST_DIR := /tmp/lockext-pgtest
 bootstrap:
 	bash scripts/bootstrap.sh
 
-EXTDIR := $(shell $(PG_CONFIG) --sharedir 2>/dev/null)/extension
-LIBDIR := $(shell $(PG_CONFIG) --pkglibdir 2>/dev/null)
-PKG    := target/release/lockext-pg15
+# Lazy (=), so that they are read after bootstrap has installed the server.
+EXTDIR  = $(shell $(PG_CONFIG) --sharedir)/extension
+LIBDIR  = $(shell $(PG_CONFIG) --pkglibdir)
+PKG    := target/release/lockext-pg$(PG)
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n 1)
 
 # Built as a package, then installed with install(1), which replaces the library with a
@@ -61,15 +85,23 @@ else
 	bash scripts/cluster.sh stop
 endif
 
+# Every test, on every version, split to fit CI's time (README, first screen): 15, the oldest,
+# and 18, the newest, run everything (the schedule explorer's sample half on each, and the
+# benchmarks' smoke run on 15); 16 and 17 the unit tests and the SQL and concurrency specs.
+# pg_upgrade.rs (on 18) upgrades a cluster of 15 with this build: PyPI's 15, the one 18's
+# pg_upgrade can read (scripts/bootstrap.sh says why not Debian's), installed just before.
 # Unit tests build a debug library into the same PostgreSQL, so `install` comes after them.
 test: bootstrap
 	$(MAKE) lint
-	$(MAKE) unit
-	$(MAKE) install
-	$(MAKE) installcheck
-	$(MAKE) cluster-test
-	$(MAKE) bench-smoke
-	$(MAKE) deploy-test
+	$(MAKE) unit install installcheck PG=15
+	$(MAKE) cluster-test PG=15 LOCKEXT_EXPLORE_PART=0/2
+	$(MAKE) bench-smoke deploy-test PG=15
+	$(MAKE) unit install installcheck PG=16
+	$(MAKE) unit install installcheck PG=17
+	$(MAKE) unit install installcheck PG=18
+	$(MAKE) install PG_CONFIG=$(PG_ROOT)/15/bin/pg_config
+	$(MAKE) cluster-test PG=18 LOCKEXT_EXPLORE_PART=1/2
+	$(MAKE) deploy-test PG=18
 
 # Formatting (rustfmt.toml) and clippy's warnings, as errors, for the extension's code and
 # the cluster tests' (their checkers and fault clients are code a failure is read through).
@@ -77,41 +109,42 @@ lint:
 	python3 scripts/check_imports.py
 	cargo fmt --all --check
 	cargo clippy --release --all-targets -p lockext -- -D warnings
+	cargo clippy --release --all-targets -p lockext --no-default-features --features pg18 -- -D warnings
 	cargo clippy --release --all-targets -p lockext-cluster-tests -- -D warnings
 
 unit:
 	mkdir -p $(PGTEST_DIR) && chown postgres: $(PGTEST_DIR)
-	cargo pgrx test pg15 --runas postgres --pgdata $(PGTEST_DIR)/data
+	cargo pgrx test pg$(PG) --runas postgres --pgdata $(PGTEST_DIR)/data-$(PG)
 
 # On a cluster of its own, made anew each time: tokens and eras then start from a fresh
 # cluster's, as the expected outputs show them.
 # CHECK_PORT and CHECK_HOME move it (PG_CONFIG and PG_BIN choose another server).
 CHECK_PORT ?= 5498
-CHECK_HOME ?= /tmp/lockext-installcheck
+CHECK_HOME ?= /tmp/lockext-installcheck-$(PG)
 CHECK_CLUSTER := LOCKEXT_PORT=$(CHECK_PORT) LOCKEXT_HOME=$(CHECK_HOME) bash scripts/cluster.sh
 installcheck:
 	$(CHECK_CLUSTER) destroy
 	$(CHECK_CLUSTER) start
 	rm -rf tests/pg_regress/results tests/isolation/results
-	$(PGXS_TEST)/regress/pg_regress --host=127.0.0.1 --port=$(CHECK_PORT) --user=postgres \
+	$(PGXS_TEST)/regress/pg_regress --bindir=$(PG_BIN) --host=127.0.0.1 --port=$(CHECK_PORT) --user=postgres \
 	    --inputdir=tests/pg_regress --outputdir=tests/pg_regress --dbname=lockext_regress $(REGRESS) \
 	  || { cat tests/pg_regress/regression.diffs; exit 1; }
 	# The token ledger is the cluster's: a cluster of their own for the concurrency specs,
 	# so that their tokens do not depend on how many the SQL spec handed out.
 	$(CHECK_CLUSTER) destroy
 	$(CHECK_CLUSTER) start
-	$(PGXS_TEST)/isolation/pg_isolation_regress --host=127.0.0.1 --port=$(CHECK_PORT) --user=postgres \
+	$(PGXS_TEST)/isolation/pg_isolation_regress --bindir=$(PG_BIN) --host=127.0.0.1 --port=$(CHECK_PORT) --user=postgres \
 	    --inputdir=tests/isolation --outputdir=tests/isolation --dbname=lockext_isolation $(ISOLATION) \
 	  || { cat tests/isolation/output_iso/regression.diffs tests/isolation/regression.diffs 2>/dev/null; exit 1; }
 	$(CHECK_CLUSTER) stop
 
 # Tests against real servers through real client connections: they start their own clusters.
 cluster-test: install
-	cargo test --release -p lockext-cluster-tests --no-fail-fast -- --test-threads=1
+	cargo test --profile cluster -p lockext-cluster-tests --no-fail-fast -- --test-threads=1
 
 # The schedule explorer, every pair of calls at every pause point (cluster-test runs a sample).
 explore: install
-	cd tests/cluster && LOCKEXT_EXPLORE=full cargo test --release --test explore -- --nocapture --test-threads=1
+	cd tests/cluster && LOCKEXT_EXPLORE=full cargo test --profile cluster --test explore -- --nocapture --test-threads=1
 
 # Benchmarks side by side (bench/README.md); the smoke run checks the scripts, not numbers.
 bench: install
@@ -124,7 +157,7 @@ bench-smoke: install
 deploy-test: install
 	bash tests/deploy/run.sh
 
-# An installable tree under target/release/lockext-pg15/, with every SQL script.
+# An installable tree under target/release/lockext-pg$(PG)/, with every SQL script.
 package: bootstrap
 	cargo pgrx package --pg-config $(PG_CONFIG)
 	install -m 644 sql/lockext--*.sql $(PKG)$(EXTDIR)/

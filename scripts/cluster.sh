@@ -10,7 +10,8 @@
 #   scripts/cluster.sh destroy    stop it and delete its files
 #
 # LOCKEXT_PORT (default 5499) and LOCKEXT_HOME (default /tmp/lockext) choose where; PG_BIN
-# (default the system PostgreSQL 15) which server, e.g. a relocated copy with its own lockext.
+# (default the system PostgreSQL 15) which server, e.g. 18 (/opt/lockext-postgresql/18/bin)
+# or a relocated copy with its own lockext.
 set -euo pipefail
 
 PG_BIN=${PG_BIN:-/usr/lib/postgresql/15/bin}
@@ -25,6 +26,14 @@ psql_() { "$PG_BIN/psql" -X -h 127.0.0.1 -p "$PORT" -U postgres -v ON_ERROR_STOP
 
 init() {
     if [ -f "$DATA/PG_VERSION" ]; then
+        local made server
+        made=$(cat "$DATA/PG_VERSION")
+        server=$("$PG_BIN/postgres" --version | sed -n 's/^postgres (PostgreSQL) \([0-9]*\).*/\1/p')
+        if [ "$made" != "$server" ]; then
+            echo "lockext: the cluster in $HOME_DIR was made by PostgreSQL $made, and $PG_BIN is $server:" \
+                "choose another LOCKEXT_HOME, or destroy this one (scripts/cluster.sh destroy)" >&2
+            exit 1
+        fi
         # A cluster made by an older version of this script narrowed the reaper to database
         # postgres: lockext.database is left at its default ('*': every database with
         # lockext), as README's quick start describes.

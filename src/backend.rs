@@ -6,6 +6,7 @@ use pgrx::pg_sys;
 use pgrx::prelude::*;
 
 use crate::error::LockError;
+use crate::pgversion;
 
 /// This backend's process id.
 pub fn pid() -> i32 {
@@ -14,7 +15,7 @@ pub fn pid() -> i32 {
 
 /// This backend's slot in the server's process array (what a latch is set through).
 pub fn procno() -> i32 {
-    unsafe { (*pg_sys::MyProc).pgprocno }
+    pgversion::procno()
 }
 
 /// The database this backend is connected to.
@@ -36,7 +37,7 @@ pub fn current_user() -> pg_sys::Oid {
 /// This backend's number for its current transaction (not a transaction id: every
 /// transaction has one, writing or not).
 pub fn local_transaction() -> pg_sys::LocalTransactionId {
-    unsafe { (*pg_sys::MyProc).lxid }
+    pgversion::local_transaction()
 }
 
 /// Whether the transaction reads one snapshot throughout (REPEATABLE READ, SERIALIZABLE).

@@ -48,6 +48,7 @@ use pgrx::pg_sys;
 use pgrx::{pg_guard, pg_shmem_init, PGRXSharedMemory};
 
 use crate::error::LockError;
+use crate::pgversion;
 use crate::settings;
 
 /// The highest token any layout hands out to a client that holds it in a double.
@@ -445,10 +446,7 @@ fn write(shared: &mut Shared, next: State) -> Result<(), LockError> {
         let _held = CheckpointHeld::new();
         unsafe {
             pg_sys::XLogBeginInsert();
-            pg_sys::XLogRegisterData(
-                bytes.as_ptr() as *mut std::os::raw::c_char,
-                bytes.len() as i32,
-            );
+            pgversion::wal_register(&bytes);
             let lsn = pg_sys::XLogInsert(RMGR_ID, XLOG_LEDGER_RAISE);
             pg_sys::XLogFlush(lsn);
         }

@@ -19,6 +19,7 @@ mod grant;
 mod keepalive;
 mod lease;
 mod ledger;
+mod pgversion;
 mod reaper;
 mod session;
 mod sets;

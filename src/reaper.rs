@@ -56,6 +56,7 @@ use pgrx::{pg_shmem_init, PGRXSharedMemory};
 
 use crate::backend;
 use crate::error::LockError;
+use crate::pgversion;
 use crate::settings;
 use crate::statements::{first_value, Statement};
 use crate::status::{self, Reporter};
@@ -276,7 +277,7 @@ unsafe extern "C-unwind" {
 /// be read only between statements, and a statement that ran for minutes kept the server
 /// from stopping.
 fn attach_signal_handlers() {
-    unsafe { pg_sys::pqsignal(pg_sys::SIGTERM as i32, Some(postgres_die)) };
+    pgversion::on_sigterm(Some(postgres_die));
     BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP);
 }
 

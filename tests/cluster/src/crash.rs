@@ -338,3 +338,25 @@ impl Drop for RemoveOnDrop {
         }
     }
 }
+
+/// The ledger file of a stopped cluster, as text.
+pub fn ledger_file(cluster: &Cluster) -> String {
+    fs::read_to_string(cluster.data().join("pg_lockext/ledger")).unwrap_or_default()
+}
+
+/// Rewrites one `key value` line of a stopped cluster's ledger file (for a test that needs
+/// the era near its end without a few thousand failovers).
+pub fn set_ledger(cluster: &Cluster, key: &str, value: i64) {
+    let path = cluster.data().join("pg_lockext/ledger");
+    let text: String = ledger_file(cluster)
+        .lines()
+        .map(|l| {
+            if l.starts_with(&format!("{key} ")) {
+                format!("{key} {value}\n")
+            } else {
+                format!("{l}\n")
+            }
+        })
+        .collect();
+    fs::write(&path, text).expect("write the ledger");
+}

@@ -49,12 +49,42 @@ impl Rng {
     }
 }
 
-/// The server's binaries: the system PostgreSQL 15, or the copy that `LOCKEXT_PG_BIN` names
-/// when the tests are built (a relocated tree with a build of lockext of its own).
-pub const PG_BIN: &str = match option_env!("LOCKEXT_PG_BIN") {
-    Some(bin) => bin,
-    None => "/usr/lib/postgresql/15/bin",
-};
+/// The server's binaries: the system PostgreSQL 15, or the installation that
+/// `LOCKEXT_PG_BIN` names when the tests run (`make cluster-test PG=18` sets it; a
+/// relocated tree with a build of lockext of its own). Read at run time, so that one build
+/// of the tests serves every version. It prints as the path (`{PG_BIN}` in a command).
+pub static PG_BIN: PgBin = PgBin;
+
+pub struct PgBin;
+
+impl PgBin {
+    pub fn path(&self) -> &'static str {
+        static BIN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+        BIN.get_or_init(|| {
+            std::env::var("LOCKEXT_PG_BIN").unwrap_or_else(|_| "/usr/lib/postgresql/15/bin".into())
+        })
+    }
+}
+
+impl std::fmt::Display for PgBin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.path())
+    }
+}
+
+/// The major version of the server whose binaries are in `bin` (15, 16, ...).
+pub fn pg_major(bin: &str) -> u32 {
+    let out = Command::new(format!("{bin}/pg_config"))
+        .arg("--version")
+        .output()
+        .expect("run pg_config --version");
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.trim()
+        .strip_prefix("PostgreSQL ")
+        .and_then(|v| v.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|m| m.parse().ok())
+        .unwrap_or_else(|| panic!("{bin}/pg_config --version said {text:?}"))
+}
 
 pub struct Cluster {
     pub name: String,
@@ -88,6 +118,25 @@ impl Cluster {
     /// As `start_with_env`, but neither started nor with the extension: for a test that
     /// starts it with another installation's binaries (`pg_ctl_from`).
     pub fn init_with_env(name: &str, extra_conf: &str, env: &[(&str, &str)]) -> Cluster {
+        Cluster::init_from(
+            std::path::Path::new(PG_BIN.path()),
+            name,
+            extra_conf,
+            env,
+            "",
+        )
+    }
+
+    /// As `init_with_env`, made by the `initdb` of the installation whose binaries are in
+    /// `bin` (another major version's, for `pg_upgrade`) with `initdb_args` added; start it
+    /// with `pg_ctl_from`.
+    pub fn init_from(
+        bin: &std::path::Path,
+        name: &str,
+        extra_conf: &str,
+        env: &[(&str, &str)],
+        initdb_args: &str,
+    ) -> Cluster {
         let port = free_port();
         let dir = PathBuf::from(format!("/tmp/lockext-tests/{name}-{port}"));
         let _ = fs::remove_dir_all(&dir);
@@ -115,7 +164,8 @@ impl Cluster {
             fs::write(cluster.env_path(), text).expect("write server.env");
         }
         cluster.as_postgres(&format!(
-            "{PG_BIN}/initdb -D {} -U postgres --auth=trust --encoding=UTF8 --locale=C.UTF-8",
+            "{}/initdb -D {} -U postgres --auth=trust --encoding=UTF8 --locale=C.UTF-8 {initdb_args}",
+            bin.display(),
             cluster.data().display()
         ));
         let conf = format!(
@@ -181,7 +231,7 @@ impl Cluster {
     }
 
     pub fn pg_ctl(&self, args: &str) {
-        self.pg_ctl_from(std::path::Path::new(PG_BIN), args);
+        self.pg_ctl_from(std::path::Path::new(PG_BIN.path()), args);
     }
 
     /// `pg_ctl` of the installation whose binaries are in `bin`: it starts that

@@ -13,7 +13,9 @@
 //! - For each state, each A (and each of its ways), each pause point p of A, each B: the
 //!   schedule "A until p, B to its end or its wait, A on". `LOCKEXT_EXPLORE=full` runs all
 //!   of them (`make explore`); otherwise a sample (every pause point of every A, against
-//!   B = the calls that compete with it most: see `sample`).
+//!   B = the calls that compete with it most: see `sample`). `LOCKEXT_EXPLORE_PART=i/n`
+//!   runs every n-th schedule from the i-th (`make test` splits the sample between the
+//!   oldest and the newest PostgreSQL, `part`).
 //!
 //! The invariants, after B and again at the end: at most one exclusive holder that
 //! believes it holds (its grant or renewal answered, not released, not expired), never an
@@ -837,8 +839,22 @@ fn sample(state: State) -> Vec<Call> {
         .collect()
 }
 
+/// Which share of the schedules this run takes: `(i, n)` runs the i-th of every n, in the
+/// order they are enumerated (`LOCKEXT_EXPLORE_PART=i/n`). `make test` runs the sample on
+/// two PostgreSQL versions, one half on each; every other run takes all of them.
+fn part() -> (usize, usize) {
+    let part = std::env::var("LOCKEXT_EXPLORE_PART").ok();
+    part.as_deref()
+        .and_then(|p| p.split_once('/'))
+        .and_then(|(i, n)| Some((i.parse().ok()?, n.parse().ok()?)))
+        .filter(|&(i, n)| i < n)
+        .unwrap_or((0, 1))
+}
+
 fn explore(full: bool, only: Option<(&str, &str)>) -> (usize, Vec<String>) {
     let mut ex = Explorer::new(if full { "explore-full" } else { "explore" });
+    let (share, shares) = part();
+    let mut enumerated = 0;
     let mut run = 0;
     let mut violations = Vec::new();
     let mut by_pair: BTreeMap<(String, String), usize> = BTreeMap::new();
@@ -860,6 +876,10 @@ fn explore(full: bool, only: Option<(&str, &str)>) -> (usize, Vec<String>) {
                         }
                     }
                     for p in 1..=points.len() as i64 {
+                        enumerated += 1;
+                        if (enumerated - 1) % shares != share {
+                            continue;
+                        }
                         let h = ex.schedule(state, a_call, way, p, b_call);
                         run += 1;
                         *by_pair
@@ -882,7 +902,7 @@ fn explore(full: bool, only: Option<(&str, &str)>) -> (usize, Vec<String>) {
                             violations.push(format!(
                                 "{v}\n    schedule: state {state:?}, A = {} ({way:?}) stopped at point {p} \
                                  ({}), B = {}; answers {:?}\n    replay: LOCKEXT_EXPLORE_ONLY={},{} \
-                                 cargo test --release --test explore -- --nocapture",
+                                 cargo test --profile cluster --test explore -- --nocapture",
                                 a_call.name,
                                 points[(p - 1) as usize],
                                 b_call.name,
@@ -914,10 +934,16 @@ fn every_schedule_of_two_calls_keeps_the_invariants() {
     let only = only_env.as_deref().and_then(|s| s.split_once(','));
     let started = Instant::now();
     let (run, violations) = explore(full, only);
+    let (share, shares) = part();
     println!(
-        "{} schedules ({}) in {:.0} s, {} violations",
+        "{} schedules ({}{}) in {:.0} s, {} violations",
         run,
         if full { "full" } else { "sample" },
+        if shares > 1 {
+            format!(", part {share} of every {shares}")
+        } else {
+            String::new()
+        },
         started.elapsed().as_secs_f64(),
         violations.len()
     );

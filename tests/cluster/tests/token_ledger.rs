@@ -811,28 +811,6 @@ fn pg_upgrade_keeps_every_token_below_the_next() {
     checks.finish();
 }
 
-/// The ledger file of a stopped cluster, as text.
-fn ledger_file(cluster: &Cluster) -> String {
-    fs::read_to_string(cluster.data().join("pg_lockext/ledger")).unwrap_or_default()
-}
-
-/// Rewrites one `key value` line of a stopped cluster's ledger file (for a test that needs
-/// the era near its end without a few thousand failovers).
-fn set_ledger(cluster: &Cluster, key: &str, value: i64) {
-    let path = cluster.data().join("pg_lockext/ledger");
-    let text: String = ledger_file(cluster)
-        .lines()
-        .map(|l| {
-            if l.starts_with(&format!("{key} ")) {
-                format!("{key} {value}\n")
-            } else {
-                format!("{l}\n")
-            }
-        })
-        .collect();
-    fs::write(&path, text).expect("write the ledger");
-}
-
 /// The attack pass on the ledger: a hot standby's backends read timeline 0, and a fence
 /// check there (refused with 25006) first loaded the ledger on timeline 0, which moved its
 /// era base up by the timeline; the next replayed record wrote that into the file, and a

@@ -4,7 +4,8 @@
 #
 #   bash tests/deploy/patroni/run.sh
 #
-# Needs lockext installed into the system PostgreSQL 15 (make install) and root (Patroni
+# Needs lockext installed into the system PostgreSQL 15 (make install), or into the one
+# whose bin directory LOCKEXT_PG_BIN names (make deploy-test PG=18), and root (Patroni
 # and PostgreSQL run as the postgres OS user). Installs Debian's patroni and etcd-server
 # when missing. Everything listens on free loopback ports; files go to /tmp/lockext-patroni
 # (kept only when a scenario fails). About 90 s on 2 cores, plus the first build.

@@ -150,7 +150,10 @@ CREATE DATABASE regress_squat OWNER regress_app;
 SET ROLE regress_app;
 CREATE SCHEMA lockext;
 RESET ROLE;
+-- (Without its context, which names the script's lines from 18 on.)
+\set SHOW_CONTEXT never
 CREATE EXTENSION lockext;
+\set SHOW_CONTEXT errors
 SELECT count(*) AS installed FROM pg_extension WHERE extname = 'lockext';
 \c lockext_regress
 DROP DATABASE regress_squat;

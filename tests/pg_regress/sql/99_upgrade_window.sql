@@ -81,9 +81,12 @@ SELECT lockext.lock_check('w-lease', :t) AS live, lockext.lock_check('w-lease', 
 -- It reads the newest snapshot, which a parallel worker cannot take; 0.1.0 declared it
 -- PARALLEL SAFE, so a parallel plan can run it there: refused, not answered from an older
 -- snapshot.
-SET force_parallel_mode = on;
+-- (force_parallel_mode in 15 is debug_parallel_query from 16 on.)
+SELECT set_config(name, 'on', false) AS parallel_forced FROM pg_settings
+ WHERE name IN ('force_parallel_mode', 'debug_parallel_query');
 SELECT lockext.lock_check('w-lease', :t);
-RESET force_parallel_mode;
+SELECT set_config(name, 'off', false) AS parallel_forced FROM pg_settings
+ WHERE name IN ('force_parallel_mode', 'debug_parallel_query');
 
 -- The mark refuses an older token, in every way in; the holder's token is accepted.
 SET ROLE regress_w_holder;

@@ -33,12 +33,11 @@ use std::time::{Duration, Instant};
 use lockext_cluster_tests::history::{
     check, now_us, CheckOptions, History, Invariant, Kind, Outcome, Restart, SETUP_SQL,
 };
-use lockext_cluster_tests::{children, eventually, proc_stat, sigstop, Client, NoTls};
+use lockext_cluster_tests::{children, eventually, proc_stat, sigstop, Client, NoTls, PG_BIN};
 
 const CLIENT: &str = env!("CARGO_BIN_EXE_lockext-pooled-client");
 const PATRONI: &str = "/usr/bin/patroni";
 const ETCD: &str = "/usr/bin/etcd";
-const PG_BIN: &str = "/usr/lib/postgresql/15/bin";
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -204,7 +203,7 @@ impl Ha {
                     )
                     .replace("@PG_PORT@", &node.pg_port.to_string())
                     .replace("@DIR@", &node.dir.display().to_string())
-                    .replace("@PG_BIN@", PG_BIN);
+                    .replace("@PG_BIN@", PG_BIN.path());
                 std::fs::write(node.dir.join("patroni.yml"), yml).unwrap();
                 node
             })
