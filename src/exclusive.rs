@@ -86,7 +86,7 @@ pub fn attempt(
     if !backend::snapshot_per_transaction() {
         let rows = token::minting_in(|| INSERT_FREE.run(client, &params.datums()))?;
         if let Some(granted) = grant_row(rows)? {
-            return Ok((Some(granted), None));
+            return Ok(Attempt::Granted(granted));
         }
     }
     let look = Look::read(params);
@@ -98,13 +98,15 @@ pub fn attempt(
         });
     }
     if let Some(ms) = look.shared_until_ms {
-        return Ok((None, Some(millis(ms)))); // shared leases hold it
+        return Ok(Attempt::Refused(Some(millis(ms)))); // shared leases hold it
     }
     if look.held_by_other {
-        return Ok((None, look.free_in_ms.map(millis))); // a live lease of someone else's
+        return Ok(Attempt::Refused(look.free_in_ms.map(millis))); // a live lease of someone else's
     }
     if look.dead_shared > 0 && !clear_dead(client, &CLEAR_DEAD_SHARED, params)? {
-        return Ok((None, None)); // a shared lease or permit is being renewed right now
+        // A dead shared lease or permit locked right now (the reaper deleting it, or a
+        // renewal that read its clock before the expiry), or renewed since the look.
+        return Ok(Attempt::Busy);
     }
     let granted = take(
         client,
@@ -115,11 +117,10 @@ pub fn attempt(
         &TAKE_OVER,
         &INSERT_NEW,
     )?;
-    Ok((
-        granted.map(|g| Granted {
-            took_over: g.minted && look.exclusive_row,
-            ..g
-        }),
-        None,
-    ))
+    // Nothing granted past every live lease: the dead row (or its keep-alive's) was
+    // locked by someone else, or changed or deleted since the look.
+    Ok(Attempt::granted_or_busy(granted.map(|g| Granted {
+        took_over: g.minted && look.exclusive_row,
+        ..g
+    })))
 }

@@ -357,9 +357,34 @@ impl<'a> Request<'a> {
     }
 }
 
-/// What one try came to: the grant, or none and, when the lock is held, how soon it will be
-/// free unless its holders renew.
-pub type Attempt = (Option<Granted>, Option<Duration>);
+/// What one try at a lease came to, past the gate.
+pub enum Attempt {
+    Granted(Granted),
+    /// Refused: a lease not yet free is in the way (how soon it will be free unless its
+    /// holders renew, when known), or another acquire of the lock id is in flight.
+    Refused(Option<Duration>),
+    /// Refused for now: the look found nothing in the way but dead leases (or the caller's
+    /// own), and one of their rows, or its keep-alive's, was locked by another transaction
+    /// (the reaper deleting it, say) or changed after the look. `lease::past_the_gate`
+    /// looks again, briefly.
+    Busy,
+}
+
+impl Attempt {
+    /// The grant, if any.
+    pub fn granted(self) -> Option<Granted> {
+        match self {
+            Attempt::Granted(granted) => Some(granted),
+            Attempt::Refused(_) | Attempt::Busy => None,
+        }
+    }
+
+    /// A grant, or the dead rows in the way changed by someone else (`Busy`): the
+    /// answer of a step that got past every live lease.
+    pub fn granted_or_busy(granted: Option<Granted>) -> Attempt {
+        granted.map_or(Attempt::Busy, Attempt::Granted)
+    }
+}
 
 // By `Table`.
 static EXTEND: [Statement; 2] = [

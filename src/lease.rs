@@ -6,11 +6,14 @@
 //! `lockext.shared_leases`); each ends in `grant::take`. Renew and release serve every kind.
 //!
 //! Unless a caller asks lock_acquire to wait (and then it waits in lockext's own queue,
-//! `wait.rs`), none of these functions ever waits for another transaction: a lease that
-//! someone else is in the middle of changing (an acquire or a release inside a transaction
-//! that is still open, the reaper deleting it) counts as not available, and the call
-//! answers at once. Every acquire first passes its lock id's gate, a transaction-scoped
-//! lock that is only ever tried (`claims.rs`); row changes use `FOR UPDATE SKIP LOCKED`.
+//! `wait.rs`), none of these functions ever waits for another transaction's lock: a lease
+//! that someone else is in the middle of changing (an acquire or a release inside a
+//! transaction that is still open) counts as not available, and the call answers at once.
+//! Every acquire first passes its lock id's gate, a transaction-scoped lock that is only
+//! ever tried (`claims.rs`); row changes use `FOR UPDATE SKIP LOCKED`. One exception, by
+//! polling and bounded: a dead lease whose row someone holds locked (the reaper deleting
+//! it) is looked at again for up to 100 ms (`past_the_gate`), so that the reaper's work
+//! never refuses an acquire of a lock that is free.
 //!
 //! Time is the server's clock as `clock_timestamp()` reads it, taken once per call, so all
 //! the tests of one call agree on "now" even if the clock steps while it runs.
@@ -189,7 +192,7 @@ pub fn acquire(request: &Request<'_>) -> Result<Option<Granted>, LockError> {
         keepalive: request.keepalive,
     };
     let granted = if request.wait.is_zero() {
-        attempt(request, &mut params, 0)?.0
+        attempt(request, &mut params, 0)?.granted()
     } else {
         wait_for(request, &mut params, Instant::now() + request.wait)?
     };
@@ -230,11 +233,11 @@ fn wait_for(
         let mut free_in = None;
         if ticket.may_try() {
             params.now = backend::now()?;
-            let (granted, until_free) = attempt(request, params, ticket.number())?;
-            if granted.is_some() {
-                return Ok(granted);
+            match attempt(request, params, ticket.number())? {
+                Attempt::Granted(granted) => return Ok(Some(granted)),
+                Attempt::Refused(until_free) => free_in = until_free,
+                Attempt::Busy => {}
             }
-            free_in = until_free;
         }
         if Instant::now() >= deadline {
             return Ok(None);
@@ -286,19 +289,68 @@ fn attempt(
     let Some(gate) = gate else {
         // ...except for a holder asking again (a retry after a lost reply): it gets its
         // live grant back, which changes no one's chances.
-        return Ok((
-            Spi::connect_mut(|client| extend_own(client, request, params))?,
-            None,
-        ));
+        return Ok(
+            match Spi::connect_mut(|client| extend_own(client, request, params))? {
+                Some(granted) => Attempt::Granted(granted),
+                None => Attempt::Refused(None),
+            },
+        );
     };
-    let tried = Spi::connect_mut(|client| match request.kind {
-        Kind::Exclusive => exclusive::attempt(client, request, params),
-        _ => shared::attempt(client, request, params),
-    })?;
-    if tried.0.is_none() {
+    let tried = past_the_gate(request, params)?;
+    if !matches!(tried, Attempt::Granted(_)) {
         gate.reopen();
     }
     Ok(tried)
+}
+
+/// How long an acquire past its gate tries again while only dead leases are in its way and
+/// one of their rows is locked by someone else (`Attempt::Busy`); as long as a renewal or a
+/// release tries again for a row the reaper holds (`xact::while_briefly_locked`).
+const BUSY_AT_MOST: Duration = Duration::from_millis(100);
+
+/// The kind's attempt, past the gate (which stays held), tried again while it comes back
+/// `Busy`, for `BUSY_AT_MOST` at most, then answered as it stands.
+///
+/// Busy means the look found no live lease in the way, only dead ones (or the caller's own),
+/// and yet a row it needs to delete or take over, or the row of the expired keep-alive it
+/// must end first, was locked by another transaction, or changed since the look. Who holds
+/// a dead lease's row: above all the reaper, whose batch locks the expired keep-alives it
+/// ends and every dead lease it deletes, for one short transaction that commits at once
+/// (sql/run/reaper/); a session's exit or a keep-alive's revocation deleting it; a
+/// renewal that read its clock before the expiry (its row is live once it commits). An
+/// acquire that does not wait used to be refused then, although the lease was dead and
+/// its row would be gone a moment later (a rival's acquire of a lapsed keep-alive's lock,
+/// with the reaper due at the moment it lapsed). So it naps and looks again: the dead row
+/// is then gone (granted: the insert), or live (refused at once, by the look), or locked
+/// still (again, until the bound).
+///
+/// Never behind a live holder: a lease live by the look is refused before any of this,
+/// whatever its renewal holds. A renewal keeps its row (lock_renew: the lease's; a
+/// keep-alive's renewal: the keep-alive's) locked to the end of its transaction, which an
+/// autocommit call ends at once but a caller's transaction may keep open for long; only a
+/// renewal that raced the expiry (it locks only a row live by its own clock) can hold a
+/// row the look saw dead, and that is waited for `BUSY_AT_MOST` at most, as is any other
+/// transaction that keeps a dead row locked (a revocation of the expired keep-alive, or a
+/// grant of another of its lock ids that ended it, inside a transaction still open).
+/// Nothing here waits on a lock: each try
+/// locks `SKIP LOCKED` as before, and a refused try keeps nothing (`xact::kept_if_found`).
+/// A try that reached the take-over minted a token that is then a gap; the naps double
+/// (1 ms to 10 ms), so a row kept locked for the whole bound costs a dozen at most.
+fn past_the_gate(request: &Request<'_>, params: &mut Params<'_>) -> Result<Attempt, LockError> {
+    let deadline = Instant::now() + BUSY_AT_MOST;
+    let mut nap = Duration::from_millis(1);
+    loop {
+        let tried = Spi::connect_mut(|client| match request.kind {
+            Kind::Exclusive => exclusive::attempt(client, request, params),
+            _ => shared::attempt(client, request, params),
+        })?;
+        if !matches!(tried, Attempt::Busy) || Instant::now() + nap > deadline {
+            return Ok(tried);
+        }
+        unsafe { pg_sys::pg_usleep(nap.as_micros() as _) };
+        pg_sys::check_for_interrupts!();
+        nap = (nap * 2).min(Duration::from_millis(10));
+    }
 }
 
 /// How far back in the queue a waiter may try: a semaphore of n permits can hand n over

@@ -43,9 +43,11 @@ struct Look {
     /// The n of the live permits (None: no live permit), and whether live shared leases hold it.
     permits: Option<i32>,
     shared: bool,
-    /// The caller's own live lease of this kind, and whether a row of its owner's name exists.
+    /// The caller's own live lease of this kind, and whether a row of its owner's name exists
+    /// and whether it is another role's, not yet free (then it is not the caller's to take).
     mine_live: bool,
     row_exists: bool,
+    named_other_held: bool,
 }
 
 impl Look {
@@ -62,6 +64,7 @@ impl Look {
             if lease.free(now) {
                 continue;
             }
+            look.named_other_held |= lease.owner_named && !lease.mine;
             match lease.permits {
                 Some(n) => look.permits = Some(look.permits.map_or(n, |m| m.min(n))),
                 None => look.shared = true,
@@ -123,7 +126,7 @@ pub fn attempt(
                 return Err(wrong_kind("a semaphore"));
             }
             if exclusive_held {
-                return Ok((None, look.exclusive_free_in_ms.map(millis)));
+                return Ok(Attempt::Refused(look.exclusive_free_in_ms.map(millis)));
             }
         }
         Kind::Semaphore(asked) => {
@@ -139,7 +142,7 @@ pub fn attempt(
                     })
                 }
                 _ if others >= i64::from(asked) => {
-                    return Ok((None, look.others_free_in_ms.map(millis)));
+                    return Ok(Attempt::Refused(look.others_free_in_ms.map(millis)));
                 }
                 _ => {}
             }
@@ -148,7 +151,7 @@ pub fn attempt(
                 // so the first takers go one at a time (their claims conflict).
                 match claims::try_gate(request.lock_id, claims::Mode::Exclusive)? {
                     Some(gate) => fixing_n = Some(gate),
-                    None => return Ok((None, None)),
+                    None => return Ok(Attempt::Refused(None)),
                 }
             }
             if !look.mine_live && claim_free_slot(request.lock_id, asked, params)?.is_none() {
@@ -157,17 +160,19 @@ pub fn attempt(
                 if let Some(gate) = fixing_n {
                     gate.reopen();
                 }
-                return Ok((None, None));
+                return Ok(Attempt::Refused(None));
             }
         }
         Kind::Exclusive => unreachable!("exclusive leases live in lockext.locks"),
     }
     // A dead exclusive lease goes first, so that its renewal cannot revive it beside ours.
+    // Not cleared: its row is locked right now (the reaper deleting it, say), or it was
+    // renewed since the look.
     if look.exclusive == Some(false) && !clear_dead(client, &CLEAR_DEAD_EXCLUSIVE, params)? {
         if let Some(gate) = fixing_n {
             gate.reopen();
         }
-        return Ok((None, None));
+        return Ok(Attempt::Busy);
     }
     // And so do dead permits of others in the slot this taker claimed.
     if matches!(request.kind, Kind::Semaphore(_))
@@ -177,14 +182,20 @@ pub fn attempt(
         if let Some(gate) = fixing_n {
             gate.reopen();
         }
-        return Ok((None, None));
+        return Ok(Attempt::Busy);
     }
     let row_exists = look.row_exists;
-    let granted = if !row_exists && !claims::try_claim_row(request.lock_id, request.owner)? {
-        None // this owner's row is being created right now
+    // Not this owner's to take: its row is being created right now, or its name is another
+    // role's live lease.
+    let attempt = if look.named_other_held
+        || !row_exists && !claims::try_claim_row(request.lock_id, request.owner)?
+    {
+        Attempt::Refused(None)
     } else {
         let mine_live = look.mine_live;
-        take(
+        // Nothing granted: this owner's dead row (or its keep-alive's) was locked by
+        // someone else, or changed since the look.
+        Attempt::granted_or_busy(take(
             client,
             request,
             params,
@@ -192,14 +203,14 @@ pub fn attempt(
             row_exists,
             &TAKE_OVER,
             &INSERT_NEW,
-        )?
+        )?)
     };
-    if granted.is_none() {
+    if !matches!(attempt, Attempt::Granted(_)) {
         if let Some(gate) = fixing_n {
             gate.reopen();
         }
     }
-    Ok((granted, None))
+    Ok(attempt)
 }
 
 /// Claims a slot of the semaphore that no live permit holds, trying the free ones from a

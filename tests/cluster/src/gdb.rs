@@ -134,18 +134,27 @@ impl Gdb {
     /// Waits until the process stops at a breakpoint; other stops (a signal gdb was not
     /// told to let pass) are continued. Returns the `*stopped` record.
     pub fn wait_for_breakpoint(&mut self, within: Duration) -> String {
+        self.stopped_within(within).unwrap_or_else(|| {
+            panic!(
+                "gdb: pid {} did not stop at the breakpoint within {within:?}\n{}",
+                self.pid,
+                self.transcript.join("\n")
+            )
+        })
+    }
+
+    /// As `wait_for_breakpoint`, but None when the process did not stop there within
+    /// `within` (for a test that also watches for the call to end without stopping).
+    pub fn stopped_within(&mut self, within: Duration) -> Option<String> {
         let deadline = Instant::now() + within;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
-            let Some(stop) = self.wait_line(left, |l| l.starts_with("*stopped")) else {
-                panic!(
-                    "gdb: pid {} did not stop at the breakpoint within {within:?}\n{}",
-                    self.pid,
-                    self.transcript.join("\n")
-                );
-            };
+            let stop = self.wait_line(left, |l| l.starts_with("*stopped"))?;
             if stop.contains("reason=\"breakpoint-hit\"") {
-                return stop;
+                return Some(stop);
+            }
+            if stop.contains("reason=\"exited") {
+                return None; // the process is gone: it never will
             }
             self.resume();
         }
