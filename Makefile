@@ -33,11 +33,9 @@ PGXS_TEST   = $(shell dirname $$($(PG_CONFIG) --pgxs))/../test
 PORT       ?= 5499
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 export LOCKEXT_PORT := $(PORT)
-# A data directory belongs to one major version: the scratch cluster of another one lives
-# beside 15's, not in it.
-ifneq ($(PG),15)
-export LOCKEXT_HOME ?= /tmp/lockext-pg$(PG)
-endif
+# Where `make run` keeps its cluster: LOCKEXT_HOME, else /tmp/lockext. A data directory
+# belongs to one major version: another version's scratch cluster lives beside 15's.
+RUN_HOME    = $(or $(LOCKEXT_HOME),$(if $(filter 15,$(PG)),/tmp/lockext,/tmp/lockext-pg$(PG)))
 
 REGRESS    := $(basename $(notdir $(wildcard tests/pg_regress/sql/*.sql)))
 ISOLATION  := $(basename $(notdir $(wildcard tests/isolation/specs/*.spec)))
@@ -69,10 +67,10 @@ install: bootstrap
 LAST_RUN ?= /tmp/lockext/last-run
 
 run: install
-	bash scripts/cluster.sh restart
+	LOCKEXT_HOME=$(RUN_HOME) bash scripts/cluster.sh restart
 	mkdir -p $(dir $(LAST_RUN))
-	printf 'LOCKEXT_HOME=%s\nLOCKEXT_PORT=%s\n' "$${LOCKEXT_HOME:-/tmp/lockext}" "$(PORT)" >$(LAST_RUN)
-	bash scripts/cluster.sh shell
+	printf 'LOCKEXT_HOME=%s\nLOCKEXT_PORT=%s\n' "$(RUN_HOME)" "$(PORT)" >$(LAST_RUN)
+	LOCKEXT_HOME=$(RUN_HOME) bash scripts/cluster.sh shell
 
 # LOCKEXT_HOME (or PORT) given: that cluster; else the last `make run`'s, else the default.
 stop:
@@ -80,9 +78,9 @@ ifeq ($(origin LOCKEXT_HOME)$(origin PORT),undefinedfile)
 	if [ -f $(LAST_RUN) ]; then \
 	    LOCKEXT_HOME="$$(sed -n 's/^LOCKEXT_HOME=//p' $(LAST_RUN))" \
 	    LOCKEXT_PORT="$$(sed -n 's/^LOCKEXT_PORT=//p' $(LAST_RUN))" bash scripts/cluster.sh stop; \
-	else bash scripts/cluster.sh stop; fi
+	else LOCKEXT_HOME=$(RUN_HOME) bash scripts/cluster.sh stop; fi
 else
-	bash scripts/cluster.sh stop
+	LOCKEXT_HOME=$(RUN_HOME) bash scripts/cluster.sh stop
 endif
 
 # Every test, on every version, split to fit CI's time (README, first screen): 15, the oldest,
