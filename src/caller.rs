@@ -99,10 +99,16 @@ fn owner() -> Result<pg_sys::Oid, LockError> {
     Ok(owner)
 }
 
-/// Whether the calling role is a member of `lockext_admin` (superusers are).
+/// Whether the calling role has the privileges of `lockext_admin` (superusers do): as
+/// PostgreSQL grants them, through memberships that are inherited. Not mere membership
+/// (`is_member_of_role`): a member through a NOINHERIT role, or from 16 on through a grant
+/// `WITH INHERIT FALSE` (even `SET FALSE`, which cannot become the role at all), has none
+/// of the role's privileges, and had lockext's administrator power all the same. The
+/// statements that let an administrator renew or release another role's lease ask the
+/// same (`pg_has_role(..., 'USAGE')`).
 pub fn is_admin() -> bool {
     let admin = unsafe { pg_sys::get_role_oid(c"lockext_admin".as_ptr(), true) };
-    admin != pg_sys::InvalidOid && unsafe { pg_sys::is_member_of_role(role(), admin) }
+    admin != pg_sys::InvalidOid && unsafe { pg_sys::has_privs_of_role(role(), admin) }
 }
 
 /// The role whose privileges a function needs.

@@ -218,7 +218,8 @@ fn session_role(function: &'static str, version: Older) -> pg_sys::Oid {
 
 fn is_admin(role: pg_sys::Oid) -> bool {
     let admin = unsafe { pg_sys::get_role_oid(c"lockext_admin".as_ptr(), true) };
-    admin != pg_sys::InvalidOid && unsafe { pg_sys::is_member_of_role(role, admin) }
+    // Its privileges, not mere membership (caller::is_admin says why).
+    admin != pg_sys::InvalidOid && unsafe { pg_sys::has_privs_of_role(role, admin) }
 }
 
 const RENEW_PARAMS: &[pg_sys::PgBuiltInOids] = &[

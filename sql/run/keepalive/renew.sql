@@ -13,7 +13,7 @@ UPDATE lockext.keepalives AS k
   FROM (SELECT keepalive
           FROM lockext.keepalives
          WHERE keepalive = $1 AND NOT ended AND expires_at > $3
-           AND (holder_role = $2 OR pg_has_role($2, 'lockext_admin', 'MEMBER'))
+           AND (holder_role = $2 OR pg_has_role($2, 'lockext_admin', 'USAGE'))
            FOR NO KEY UPDATE SKIP LOCKED) AS c
  WHERE k.keepalive = c.keepalive
 RETURNING k.expires_at

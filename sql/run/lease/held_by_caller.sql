@@ -4,9 +4,9 @@
 -- $5 fence_token (NULL: whichever grant the caller holds)
 SELECT EXISTS (SELECT FROM lockext.locks
                 WHERE lock_id = $1 AND owner = $2 AND lockext.lease_expiry(expires_at, keepalive) > $4
-                  AND (holder_role = $3 OR pg_has_role($3, 'lockext_admin', 'MEMBER'))
+                  AND (holder_role = $3 OR pg_has_role($3, 'lockext_admin', 'USAGE'))
                   AND ($5::bigint IS NULL OR fence_token = $5))
     OR EXISTS (SELECT FROM lockext.shared_leases
                 WHERE lock_id = $1 AND owner = $2 AND lockext.lease_expiry(expires_at, keepalive) > $4
-                  AND (holder_role = $3 OR pg_has_role($3, 'lockext_admin', 'MEMBER'))
+                  AND (holder_role = $3 OR pg_has_role($3, 'lockext_admin', 'USAGE'))
                   AND ($5::bigint IS NULL OR fence_token = $5)) AS held

@@ -10,7 +10,7 @@ DELETE FROM lockext.locks AS l
  USING (SELECT lock_id, owner, lockext.lease_expiry(expires_at, keepalive) > $4 AS live
           FROM lockext.locks
          WHERE lock_id = $1 AND owner = $2
-           AND (holder_role = $3 OR pg_has_role($3, 'lockext_admin', 'MEMBER'))
+           AND (holder_role = $3 OR pg_has_role($3, 'lockext_admin', 'USAGE'))
            AND ($5::bigint IS NULL OR fence_token = $5)
            FOR UPDATE SKIP LOCKED) AS c
  WHERE l.lock_id = $1 AND l.owner = $2 AND l.lock_id = c.lock_id AND l.owner = c.owner

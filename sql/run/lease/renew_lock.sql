@@ -13,7 +13,7 @@ UPDATE lockext.locks AS l
   FROM (SELECT lock_id, owner
           FROM lockext.locks
          WHERE lock_id = $1 AND owner = $2 AND lockext.lease_expiry(expires_at, keepalive) > $4
-           AND (holder_role = $3 OR pg_has_role($3, 'lockext_admin', 'MEMBER'))
+           AND (holder_role = $3 OR pg_has_role($3, 'lockext_admin', 'USAGE'))
            AND ($5::bigint IS NULL OR fence_token = $5)
            FOR UPDATE SKIP LOCKED) AS c
  WHERE l.lock_id = $1 AND l.owner = $2 AND l.lock_id = c.lock_id AND l.owner = c.owner

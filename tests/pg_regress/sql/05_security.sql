@@ -133,6 +133,17 @@ RESET ROLE;
 SET client_min_messages = warning;
 DROP SCHEMA regress_trap CASCADE;
 RESET client_min_messages;
+-- lockext_admin's power is its privileges, as PostgreSQL grants them: a member through a
+-- membership that is not inherited (a NOINHERIT role in between; from 16 on also a grant
+-- WITH INHERIT FALSE) does not have them, and is refused as any member is.
+CREATE ROLE regress_admins NOINHERIT IN ROLE lockext_admin;
+CREATE ROLE regress_half IN ROLE lockext_user, regress_admins;
+SET ROLE regress_half;
+SELECT lockext.lock_release('vault', 'app-1') AS released_by_a_member_without_its_privileges;
+SELECT lockext.lock_renew('vault', 'app-1', '1 hour') AS renewed_by_a_member_without_its_privileges;
+RESET ROLE;
+SELECT count(*) AS still_held FROM lockext.locks WHERE lock_id = 'vault';
+DROP ROLE regress_half, regress_admins;
 -- An operator can clear a stuck lock.
 SET ROLE regress_ops;
 SELECT lockext.lock_release('vault', 'app-1') AS released_by_admin;
