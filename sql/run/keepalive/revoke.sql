@@ -6,6 +6,10 @@
 -- deleted; one row with lock_id NULL when none was; no row when the caller holds no such
 -- keep-alive (or it is locked by a renewal right now). A lockext_admin member may revoke
 -- another role's keep-alive.
+-- The values of the grants it deletes (lockext.lease_values, src/election.rs) go in the
+-- same statement, found by the deleted rows' keys.
+-- A value row that another transaction holds locked (a setter's) is skipped, not waited
+-- for, and left to the reaper's sweep (reap_values.sql).
 -- $1 keepalive, $2 role (the calling role), $3 now (the call's clock), $4 notify
 -- (lockext.notify: send events)
 WITH k AS (UPDATE lockext.keepalives AS k
@@ -29,7 +33,17 @@ WITH k AS (UPDATE lockext.keepalives AS k
             RETURNING l.lock_id, l.fence_token),
      ended AS (SELECT lock_id, fence_token FROM x
                UNION ALL
-               SELECT lock_id, fence_token FROM sh)
+               SELECT lock_id, fence_token FROM sh),
+     ended_values AS MATERIALIZED (
+             SELECT v.lock_id, v.fence_token
+               FROM lockext.lease_values AS v
+              WHERE v.lock_id = ANY (ARRAY(SELECT lock_id FROM ended))
+                AND (v.lock_id, v.fence_token) IN (SELECT lock_id, fence_token FROM ended)
+                FOR UPDATE OF v SKIP LOCKED),
+     values_gone AS (DELETE FROM lockext.lease_values AS v
+                      USING ended_values AS e
+                      WHERE v.lock_id = ANY (ARRAY(SELECT lock_id FROM ended_values))
+                        AND v.lock_id = e.lock_id AND v.fence_token = e.fence_token)
 SELECT e.lock_id,
        CASE WHEN $4 AND e.lock_id IS NOT NULL THEN pg_catalog.pg_notify('lockext',
            pg_catalog.json_build_object(

@@ -4,14 +4,29 @@
 -- role's lease.
 -- The row changed is named by its key ($1, $2) as well as joined to c: an index condition
 -- whatever the statistics say (with none, a join on c alone read every lease per call).
+-- The values of the grants it deletes (lockext.lease_values, src/election.rs) go in the
+-- same statement, found by the deleted rows' keys.
+-- A value row that another transaction holds locked (a setter's) is skipped, not waited
+-- for, and left to the reaper's sweep (reap_values.sql).
 -- $1 lock_id, $2 owner, $3 role (the calling role), $4 now (the call's clock),
 -- $5 fence_token (NULL: whichever grant the caller holds) (lease::Held, HELD_PARAMS)
-DELETE FROM lockext.locks AS l
- USING (SELECT lock_id, owner, lockext.lease_expiry(expires_at, keepalive) > $4 AS live
-          FROM lockext.locks
-         WHERE lock_id = $1 AND owner = $2
-           AND (holder_role = $3 OR pg_has_role($3, 'lockext_admin', 'USAGE'))
-           AND ($5::bigint IS NULL OR fence_token = $5)
-           FOR UPDATE SKIP LOCKED) AS c
- WHERE l.lock_id = $1 AND l.owner = $2 AND l.lock_id = c.lock_id AND l.owner = c.owner
-RETURNING c.live, l.fence_token
+WITH released AS (DELETE FROM lockext.locks AS l
+                    USING (SELECT lock_id, owner, lockext.lease_expiry(expires_at, keepalive) > $4 AS live
+                             FROM lockext.locks
+                            WHERE lock_id = $1 AND owner = $2
+                              AND (holder_role = $3 OR pg_has_role($3, 'lockext_admin', 'USAGE'))
+                              AND ($5::bigint IS NULL OR fence_token = $5)
+                              FOR UPDATE SKIP LOCKED) AS c
+                    WHERE l.lock_id = $1 AND l.owner = $2 AND l.lock_id = c.lock_id AND l.owner = c.owner
+                   RETURNING c.live, l.lock_id, l.fence_token),
+     ended_values AS MATERIALIZED (
+             SELECT v.lock_id, v.fence_token
+               FROM lockext.lease_values AS v
+              WHERE v.lock_id = ANY (ARRAY(SELECT lock_id FROM released))
+                AND (v.lock_id, v.fence_token) IN (SELECT lock_id, fence_token FROM released)
+                FOR UPDATE OF v SKIP LOCKED),
+     values_gone AS (DELETE FROM lockext.lease_values AS v
+                      USING ended_values AS e
+                      WHERE v.lock_id = ANY (ARRAY(SELECT lock_id FROM ended_values))
+                        AND v.lock_id = e.lock_id AND v.fence_token = e.fence_token)
+SELECT live, fence_token FROM released

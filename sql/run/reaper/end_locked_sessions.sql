@@ -4,6 +4,10 @@
 -- Bounded whatever the statistics say: the rows are chosen once (MATERIALIZED CTEs, which
 -- no plan runs again for each row of another input) and found by their key in the first
 -- step's arrays, an index condition.
+-- The values of the grants it deletes (lockext.lease_values, src/election.rs) go in the
+-- same statement, found by the deleted rows' keys.
+-- A value row that another transaction holds locked (a setter's) is skipped, not waited
+-- for, and left to the reaper's sweep (reap_values.sql).
 -- $1 notify (lockext.notify: send events), $2 lock ids and $3 owners of lockext.locks,
 -- $4 lock ids and $5 owners of lockext.shared_leases (the first step's arrays)
 WITH xc AS MATERIALIZED (
@@ -38,7 +42,17 @@ WITH xc AS MATERIALIZED (
             RETURNING l.lock_id, l.fence_token),
      reaped AS (SELECT lock_id, fence_token FROM x
                 UNION ALL
-                SELECT lock_id, fence_token FROM sh)
+                SELECT lock_id, fence_token FROM sh),
+     ended_values AS MATERIALIZED (
+             SELECT v.lock_id, v.fence_token
+               FROM lockext.lease_values AS v
+              WHERE v.lock_id = ANY (ARRAY(SELECT lock_id FROM reaped))
+                AND (v.lock_id, v.fence_token) IN (SELECT lock_id, fence_token FROM reaped)
+                FOR UPDATE OF v SKIP LOCKED),
+     values_gone AS (DELETE FROM lockext.lease_values AS v
+                      USING ended_values AS e
+                      WHERE v.lock_id = ANY (ARRAY(SELECT lock_id FROM ended_values))
+                        AND v.lock_id = e.lock_id AND v.fence_token = e.fence_token)
 SELECT lock_id,
        CASE WHEN $1 THEN pg_catalog.pg_notify('lockext', pg_catalog.json_build_object(
            'event', 'session_ended', 'lock_id', lock_id, 'fence_token', fence_token,

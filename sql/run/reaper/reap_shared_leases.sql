@@ -14,6 +14,10 @@
 -- every lease of a lock that many hold. A victim is locked by the batch and unchanged
 -- since its lock (a row that changed after the statement's snapshot and still looked
 -- expired would be left to the next batch: the address is its newest version's).
+-- The values of the grants it deletes (lockext.lease_values, src/election.rs) go in the
+-- same statement, found by the deleted rows' keys.
+-- A value row that another transaction holds locked (a setter's) is skipped, not waited
+-- for, and left to the reaper's sweep (reap_values.sql).
 -- $1 limit (leases at most), $2 notify (lockext.notify: send events), $3 now (the batch's clock)
 WITH doomed AS MATERIALIZED (
              SELECT lock_id, owner, ctid
@@ -24,7 +28,17 @@ WITH doomed AS MATERIALIZED (
                 FOR UPDATE SKIP LOCKED),
      reaped AS (DELETE FROM lockext.shared_leases AS l
                  WHERE l.ctid = ANY (ARRAY(SELECT ctid FROM doomed))
-                RETURNING l.lock_id, l.fence_token)
+                RETURNING l.lock_id, l.fence_token),
+     ended_values AS MATERIALIZED (
+             SELECT v.lock_id, v.fence_token
+               FROM lockext.lease_values AS v
+              WHERE v.lock_id = ANY (ARRAY(SELECT lock_id FROM reaped))
+                AND (v.lock_id, v.fence_token) IN (SELECT lock_id, fence_token FROM reaped)
+                FOR UPDATE OF v SKIP LOCKED),
+     values_gone AS (DELETE FROM lockext.lease_values AS v
+                      USING ended_values AS e
+                      WHERE v.lock_id = ANY (ARRAY(SELECT lock_id FROM ended_values))
+                        AND v.lock_id = e.lock_id AND v.fence_token = e.fence_token)
 SELECT lock_id,
        CASE WHEN $2 THEN pg_catalog.pg_notify('lockext', pg_catalog.json_build_object(
            'event', 'expired', 'lock_id', lock_id, 'fence_token', fence_token,

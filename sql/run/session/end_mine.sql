@@ -1,5 +1,9 @@
 -- The exiting backend's own session-bound leases, of both tables: deletes them and returns
 -- each (lock_id), with an event for LISTENers when asked.
+-- The values of the grants it deletes (lockext.lease_values, src/election.rs) go in the
+-- same statement, found by the deleted rows' keys.
+-- A value row that another transaction holds locked (a setter's) is skipped, not waited
+-- for, and left to the reaper's sweep (reap_values.sql).
 -- $1 pid (the exiting backend's), $2 its start, $3 notify (lockext.notify: send events)
 WITH x AS (DELETE FROM lockext.locks AS l
             USING (SELECT lock_id, owner
@@ -19,7 +23,17 @@ WITH x AS (DELETE FROM lockext.locks AS l
             RETURNING l.lock_id, l.fence_token),
      reaped AS (SELECT lock_id, fence_token FROM x
                 UNION ALL
-                SELECT lock_id, fence_token FROM sh)
+                SELECT lock_id, fence_token FROM sh),
+     ended_values AS MATERIALIZED (
+             SELECT v.lock_id, v.fence_token
+               FROM lockext.lease_values AS v
+              WHERE v.lock_id = ANY (ARRAY(SELECT lock_id FROM reaped))
+                AND (v.lock_id, v.fence_token) IN (SELECT lock_id, fence_token FROM reaped)
+                FOR UPDATE OF v SKIP LOCKED),
+     values_gone AS (DELETE FROM lockext.lease_values AS v
+                      USING ended_values AS e
+                      WHERE v.lock_id = ANY (ARRAY(SELECT lock_id FROM ended_values))
+                        AND v.lock_id = e.lock_id AND v.fence_token = e.fence_token)
 SELECT lock_id,
        CASE WHEN $3 THEN pg_catalog.pg_notify('lockext', pg_catalog.json_build_object(
            'event', 'session_ended', 'lock_id', lock_id, 'fence_token', fence_token,
