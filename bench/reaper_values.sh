@@ -22,6 +22,11 @@
 # a round's total: the sum over the statements an ordinary round of that tree runs (a
 # sweep round of a tree that sweeps adds reap_values). The fork and connection of a
 # round's worker (about 13 ms of CPU, issue 34 item 1) are not in it.
+# RV_STATS=empty: the tables are vacuumed empty before they are filled, never analyzed,
+# and their statistics then say them empty (relpages 94, reltuples 0: what a VACUUM of an
+# emptied table leaves, as tests/cluster/tests/reaper_bounded.rs sets them), to see the
+# plans that such statistics choose (use a small RV_VALUES and RV_RUNS: a plan that
+# compares every value with every lease takes seconds at 5 000).
 set -euo pipefail
 
 BIN=${RV_PG_BIN:-/usr/lib/postgresql/15/bin}
@@ -52,6 +57,8 @@ as_pg "$BIN/pg_ctl" -D "$HOME_DIR/data" -l "$HOME_DIR/log" -w start >/dev/null
 trap "as_pg '$BIN/pg_ctl' -D '$HOME_DIR/data' -m immediate stop >/dev/null 2>&1 || true; rm -rf '$HOME_DIR'" EXIT
 
 "${psql[@]}" -c "CREATE EXTENSION lockext"
+[ "${RV_STATS:-}" != empty ] ||
+    "${psql[@]}" -c "VACUUM lockext.locks, lockext.shared_leases, lockext.keepalives, lockext.lease_values"
 # One grant (and value) a transaction: a statement holds at most half of
 # max_locks_per_transaction claims.
 "${psql[@]}" -c "DO \$\$ BEGIN
@@ -61,7 +68,12 @@ trap "as_pg '$BIN/pg_ctl' -D '$HOME_DIR/data' -m immediate stop >/dev/null 2>&1 
         COMMIT;
     END LOOP;
 END \$\$"
-"${psql[@]}" -c "VACUUM ANALYZE lockext.locks, lockext.shared_leases, lockext.keepalives, lockext.lease_values"
+if [ "${RV_STATS:-}" != empty ]; then
+    "${psql[@]}" -c "VACUUM ANALYZE lockext.locks, lockext.shared_leases, lockext.keepalives, lockext.lease_values"
+else
+    "${psql[@]}" -c "UPDATE pg_class SET relpages = 94, reltuples = 0 \
+                      WHERE oid IN ('lockext.locks'::regclass, 'lockext.lease_values'::regclass)"
+fi
 stored=$("${psql[@]}" -c "SELECT count(*) FROM lockext.lease_values")
 echo "values stored: $stored (live grants: $("${psql[@]}" -c "SELECT count(*) FROM lockext.locks"))"
 echo

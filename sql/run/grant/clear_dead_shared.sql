@@ -12,9 +12,12 @@
 -- that keep-alive is ended (lockext.end_keepalive), for the same reason: the keep-alive's
 -- renewal must not revive it, nor the keep-alive's other leases beside this grant.
 -- The values of the grants it deletes (lockext.lease_values, src/election.rs) go in the
--- same statement, found by the deleted rows' keys.
+-- same statement: one probe of the values' key for each row deleted (a LATERAL subquery:
+-- whatever the statistics say, no plan compares every value with every row), then a
+-- delete by the values' row addresses (a TID scan).
 -- A value row that another transaction holds locked (a setter's) is skipped, not waited
--- for, and left to the reaper's sweep (reap_values.sql).
+-- for, and so is one a setter changed after the statement's snapshot (its newest version
+-- is not the one the delete sees): both are left to the reaper's sweep (reap_values.sql).
 -- $1 lock_id, $2 owner, $3 role (the calling role), $4 ttl, $5 now (the call's clock),
 -- $6 token (the new grant's), $7 lock_delay, $8 session_start (NULL: not session-bound),
 -- $9 permits, $10 slot, $11 keepalive (NULL: none) (grant::Params, ACQUIRE_PARAMS: every
@@ -29,15 +32,13 @@ WITH dead AS (SELECT lock_id, owner
                WHERE t.lock_id = dead.lock_id AND t.owner = dead.owner
               RETURNING t.lock_id, t.fence_token),
      ended_values AS MATERIALIZED (
-             SELECT v.lock_id, v.fence_token
-               FROM lockext.lease_values AS v
-              WHERE v.lock_id = ANY (ARRAY(SELECT lock_id FROM gone))
-                AND (v.lock_id, v.fence_token) IN (SELECT lock_id, fence_token FROM gone)
-                FOR UPDATE OF v SKIP LOCKED),
+             SELECT x.ctid
+               FROM gone AS r,
+                    LATERAL (SELECT v.ctid FROM lockext.lease_values AS v
+                              WHERE v.lock_id = r.lock_id AND v.fence_token = r.fence_token
+                                FOR UPDATE SKIP LOCKED) AS x),
      values_gone AS (DELETE FROM lockext.lease_values AS v
-                      USING ended_values AS e
-                      WHERE v.lock_id = ANY (ARRAY(SELECT lock_id FROM ended_values))
-                        AND v.lock_id = e.lock_id AND v.fence_token = e.fence_token)
+                      WHERE v.ctid = ANY (ARRAY(SELECT ctid FROM ended_values)))
 SELECT (SELECT count(*) FROM gone) =
        (SELECT count(*)
           FROM lockext.shared_leases

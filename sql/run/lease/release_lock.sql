@@ -5,9 +5,12 @@
 -- The row changed is named by its key ($1, $2) as well as joined to c: an index condition
 -- whatever the statistics say (with none, a join on c alone read every lease per call).
 -- The values of the grants it deletes (lockext.lease_values, src/election.rs) go in the
--- same statement, found by the deleted rows' keys.
+-- same statement: one probe of the values' key for each row deleted (a LATERAL subquery:
+-- whatever the statistics say, no plan compares every value with every row), then a
+-- delete by the values' row addresses (a TID scan).
 -- A value row that another transaction holds locked (a setter's) is skipped, not waited
--- for, and left to the reaper's sweep (reap_values.sql).
+-- for, and so is one a setter changed after the statement's snapshot (its newest version
+-- is not the one the delete sees): both are left to the reaper's sweep (reap_values.sql).
 -- $1 lock_id, $2 owner, $3 role (the calling role), $4 now (the call's clock),
 -- $5 fence_token (NULL: whichever grant the caller holds) (lease::Held, HELD_PARAMS)
 WITH released AS (DELETE FROM lockext.locks AS l
@@ -20,13 +23,11 @@ WITH released AS (DELETE FROM lockext.locks AS l
                     WHERE l.lock_id = $1 AND l.owner = $2 AND l.lock_id = c.lock_id AND l.owner = c.owner
                    RETURNING c.live, l.lock_id, l.fence_token),
      ended_values AS MATERIALIZED (
-             SELECT v.lock_id, v.fence_token
-               FROM lockext.lease_values AS v
-              WHERE v.lock_id = ANY (ARRAY(SELECT lock_id FROM released))
-                AND (v.lock_id, v.fence_token) IN (SELECT lock_id, fence_token FROM released)
-                FOR UPDATE OF v SKIP LOCKED),
+             SELECT x.ctid
+               FROM released AS r,
+                    LATERAL (SELECT v.ctid FROM lockext.lease_values AS v
+                              WHERE v.lock_id = r.lock_id AND v.fence_token = r.fence_token
+                                FOR UPDATE SKIP LOCKED) AS x),
      values_gone AS (DELETE FROM lockext.lease_values AS v
-                      USING ended_values AS e
-                      WHERE v.lock_id = ANY (ARRAY(SELECT lock_id FROM ended_values))
-                        AND v.lock_id = e.lock_id AND v.fence_token = e.fence_token)
+                      WHERE v.ctid = ANY (ARRAY(SELECT ctid FROM ended_values)))
 SELECT live, fence_token FROM released

@@ -8,9 +8,11 @@
 -- The row changed is named by its key ($1, $2) as well as joined to c: an index condition
 -- whatever the statistics say (with none, a join on c alone read every lease per call).
 -- A take-over that mints a new token deletes the replaced grant's value (lockext.lease_values,
--- src/election.rs) in the same statement; the caller's own grant extended keeps it.
+-- src/election.rs) in the same statement, found by one probe of the values' key (a LATERAL
+-- subquery) and deleted by its row address; the caller's own grant extended keeps it.
 -- A value row that another transaction holds locked (a setter's) is skipped, not waited
--- for, and left to the reaper's sweep (reap_values.sql).
+-- for, and so is one a setter changed after the statement's snapshot (its newest version
+-- is not the one the delete sees): both are left to the reaper's sweep (reap_values.sql).
 -- $1 lock_id, $2 owner, $3 role (the calling role), $4 ttl, $5 now (the call's clock),
 -- $6 token (the new grant's), $7 lock_delay, $8 session_start (NULL: not session-bound),
 -- $9 permits, $10 slot, $11 keepalive (NULL: none) (grant::Params, ACQUIRE_PARAMS: every
@@ -43,13 +45,12 @@ WITH taken AS (UPDATE lockext.shared_leases AS l
                           lockext.lease_expiry(l.expires_at, l.keepalive) AS expires_at,
                           NOT c.same_grant AS minted, c.old_token AS previous_token),
      ended_values AS MATERIALIZED (
-             SELECT v.lock_id, v.fence_token
-               FROM lockext.lease_values AS v
-              WHERE v.lock_id = ANY (ARRAY(SELECT lock_id FROM taken))
-                AND (v.lock_id, v.fence_token) IN (SELECT lock_id, previous_token FROM taken WHERE minted)
-                FOR UPDATE OF v SKIP LOCKED),
+             SELECT x.ctid
+               FROM taken AS r,
+                    LATERAL (SELECT v.ctid FROM lockext.lease_values AS v
+                              WHERE v.lock_id = r.lock_id AND v.fence_token = r.previous_token
+                                FOR UPDATE SKIP LOCKED) AS x
+              WHERE r.minted),
      values_gone AS (DELETE FROM lockext.lease_values AS v
-                      USING ended_values AS e
-                      WHERE v.lock_id = ANY (ARRAY(SELECT lock_id FROM ended_values))
-                        AND v.lock_id = e.lock_id AND v.fence_token = e.fence_token)
+                      WHERE v.ctid = ANY (ARRAY(SELECT ctid FROM ended_values)))
 SELECT lock_id, owner, fence_token, acquired_at, expires_at, minted, previous_token FROM taken
