@@ -21,12 +21,13 @@
 //!   `lockext.reap_interval` after the database's last round ended; and, whatever the due
 //!   time says, a database's first round (after start, a probe, a failure) and one every
 //!   `SWEEP_INTERVAL`. So an idle database costs nothing between sweeps, and the rounds
-//!   follow the expiries, not the number of databases.
-//! - A value (`election.rs`) goes with its lease, in the statement that deletes or replaces
-//!   it, so a round's cost follows what it deletes, not the values kept. Only a **sweep
-//!   round** (a database's first round, then one at least every `SWEEP_INTERVAL`, whichever
-//!   round comes then) also reads every value for those left behind (`reap_values.sql`). A database without an entry in
+//!   follow the expiries, not the number of databases. A database without an entry in
 //!   `status` (more databases than `lockext.reaper_databases`) gets a round every interval.
+//! - A value (`election.rs`) goes with its lease, in the statement that deletes or replaces
+//!   the lease, so a round's cost follows what it deletes, not the values kept. Only a
+//!   **sweep round** (a database's first, then one at least every `SWEEP_INTERVAL`:
+//!   whichever round comes then) also reads every value, for those left behind
+//!   (`reap_values.sql`).
 //!
 //! Why a process per round: PostgreSQL refuses DROP DATABASE (and ALTER DATABASE RENAME or
 //! SET TABLESPACE, and CREATE DATABASE from it as a template) while another process is

@@ -6,9 +6,10 @@
 -- ended keep-alives by their keep-alive's expiry plus their lock-delay; ended keep-alives
 -- without leases are due now. Values are not read: a value goes with its lease, in the
 -- statement that deletes or replaces the lease, and the few left behind (a setter's row
--- locked at that moment, an older version's) wait for the sweep. Session-bound leases whose
--- session ended are not here: the session's exit publishes them when it could not end
--- them, and a crash restarts the server (and the reaper, whose first rounds run anyway).
+-- locked at that moment, an older version's) wait for the sweep. Session-bound leases
+-- whose session ended are not here: the session's exit publishes them when it could not
+-- end them, and a crash restarts the server (and the reaper, whose first rounds run
+-- anyway).
 -- $1 now (the round's clock)
 SELECT least(
          (SELECT min(lockext.free_at(expires_at, lock_delay)) FROM lockext.locks),

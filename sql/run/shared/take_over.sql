@@ -7,9 +7,10 @@
 -- keep-alive $11 (its own expiry then 'infinity': lockext.lease_expiry), or to none.
 -- The row changed is named by its key ($1, $2) as well as joined to c: an index condition
 -- whatever the statistics say (with none, a join on c alone read every lease per call).
--- A take-over that mints a new token deletes the replaced grant's value (lockext.lease_values,
--- src/election.rs) in the same statement, found by one probe of the values' key (a LATERAL
--- subquery) and deleted by its row address; the caller's own grant extended keeps it.
+-- A take-over that mints a new token deletes the replaced grant's value
+-- (lockext.lease_values, src/election.rs) in the same statement, found by one probe of the
+-- values' key (a LATERAL subquery) and deleted by its row address; the caller's own grant
+-- extended keeps it.
 -- A value row that another transaction holds locked (a setter's) is skipped, not waited
 -- for, and so is one a setter changed after the statement's snapshot (its newest version
 -- is not the one the delete sees): both are left to the reaper's sweep (reap_values.sql).
