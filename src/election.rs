@@ -11,10 +11,16 @@
 //! and token, taken by its role; a holder whose lease ran out, or was released or taken
 //! over, changes nothing. A value stored by a holder in the moment its lease ended is a
 //! row of a grant no reader shows (readers join on the live lease's token, and tokens never
-//! repeat), and such rows are deleted by the next setter of that lock id and by the reaper.
-//! Nothing here locks a lease row or touches the acquire's statements: a grant without a
-//! value costs what it did, and a setter or an observer never delays a grant, a renewal or
-//! a release.
+//! repeat), and such rows are deleted by the next setter of that lock id and by the
+//! reaper's sweep (`reap_values.sql`).
+//! Every other value goes with its lease: each statement that deletes or replaces a lease
+//! row (a release, a take-over, a dead lease cleared before a grant, a keep-alive's revoke,
+//! a session's end, the reaper's reaping) deletes the ended grant's value in the same
+//! statement, found by the deleted rows' keys (one probe of the values' key), skipping a
+//! value row its setter holds locked. So the reaper's rounds never read every value to
+//! find the ended ones, and a value is never deleted while its lease row lives (a lease in
+//! its lock-delay keeps it). Nothing here locks a lease row: a setter or an observer never
+//! delays a grant, a renewal or a release.
 //!
 //! An observer polls, because nothing wakes it for free: a grant, a take-over, an expiry or
 //! a release all change what it waits for, and waking observers would put work on those

@@ -280,7 +280,8 @@ impl LockError {
             ),
             LockError::RoleValuesFull { .. } => Some(
                 "Each value counts as at least 1 kB, and a value of an ended grant until it is \
-                 deleted (by the next value set on its lock id, or the reaper's next round). \
+                 deleted (with its lease; one left behind, by the next value set on its lock \
+                 id or the reaper's next sweep). \
                  Release grants whose values are not needed, publish smaller values, or ask a \
                  superuser to raise lockext.role_values_size for the role.",
             ),

@@ -23,6 +23,11 @@
 //!   `SWEEP_INTERVAL`. So an idle database costs nothing between sweeps, and the rounds
 //!   follow the expiries, not the number of databases. A database without an entry in
 //!   `status` (more databases than `lockext.reaper_databases`) gets a round every interval.
+//! - A value (`election.rs`) goes with its lease, in the statement that deletes or replaces
+//!   the lease, so a round's cost follows what it deletes, not the values kept. Only a
+//!   **sweep round** (a database's first, then one at least every `SWEEP_INTERVAL`:
+//!   whichever round comes then) also reads every value, for those left behind
+//!   (`reap_values.sql`).
 //!
 //! Why a process per round: PostgreSQL refuses DROP DATABASE (and ALTER DATABASE RENAME or
 //! SET TABLESPACE, and CREATE DATABASE from it as a template) while another process is
@@ -125,12 +130,14 @@ static PURGE_KEEPALIVES: Statement = Statement {
     params: &[INT8ARRAYOID],
 };
 
-// And values whose grant is no longer live (src/election.rs), which nobody shows.
+// Whether the schema is still the extension owner's.
 static OWN_SCHEMA: Statement = Statement {
     sql: include_str!("../sql/run/reaper/own_schema.sql"),
     params: &[],
 };
 
+// And, in a sweep round only, values whose grant is gone that the statement which ended it
+// left behind (src/election.rs), which nobody shows.
 static REAP_VALUES: Statement = Statement {
     sql: include_str!("../sql/run/reaper/reap_values.sql"),
     params: &[INT4OID],
@@ -175,8 +182,9 @@ const MAX_BACKOFF: Duration = Duration::from_secs(60);
 /// while it runs; more databases take turns. README's limits name this number.
 const MAX_ROUNDS: usize = 4;
 /// How often a database that is not due gets a round anyway: for rows no lockext function
-/// wrote (an INSERT by hand, a pg_restore into a served database), values of released
-/// leases, a due time missed because the clock was set back. README names this number.
+/// wrote (an INSERT by hand, a pg_restore into a served database), a due time missed
+/// because the clock was set back. And how often, at least, a round is a sweep, which
+/// also looks for values left behind (`reap_values.sql`). README names this number.
 const SWEEP_INTERVAL: Duration = Duration::from_secs(600);
 /// How soon the postmaster restarts the launcher after a crash.
 const LAUNCHER_RESTART: Duration = Duration::from_secs(5);
@@ -190,6 +198,8 @@ struct Handoff {
     database: u32, // oid; 0 = free
     owner: u32,
     named: bool,
+    /// A sweep round: also deletes the values left behind (`reap_values.sql`).
+    sweep: bool,
     outcome: u8,
     detail_len: usize,
     detail: [u8; 32],
@@ -375,6 +385,10 @@ struct Served {
     /// `status`): until then (a first round, a probe, a retry) rounds run whatever the
     /// entry says.
     settled: bool,
+    /// When its last sweep round reaped (`None`: none yet, so its next round sweeps).
+    last_sweep: Option<Instant>,
+    /// Whether its running round, if any, is a sweep.
+    sweeping: bool,
     /// What the launcher last logged about it, so that each thing is logged once.
     logged: Option<Outcome>,
 }
@@ -537,6 +551,8 @@ impl Launcher {
                 waiting: Waiting::Fixed,
                 failures: 0,
                 settled: false,
+                last_sweep: None,
+                sweeping: false,
                 logged: None,
             });
             db.name.clone_from(&row.name);
@@ -636,16 +652,20 @@ impl Launcher {
     }
 
     fn start(&mut self, oid: u32) -> Result<(), StartError> {
-        let Some(db) = self.served.get(&oid) else {
-            return Err(StartError::Other("it is no longer served"));
-        };
         let Some(slot) = (0..MAX_ROUNDS).find(|i| !self.rounds.iter().any(|r| r.slot == *i)) else {
             return Err(StartError::Other("every round slot is taken"));
         };
+        let Some(db) = self.served.get_mut(&oid) else {
+            return Err(StartError::Other("it is no longer served"));
+        };
+        db.sweeping = db
+            .last_sweep
+            .is_none_or(|at| at.elapsed() >= SWEEP_INTERVAL);
         HANDOFFS.exclusive().slots[slot] = Handoff {
             database: oid,
             owner: db.owner,
             named: db.named,
+            sweep: db.sweeping,
             ..Handoff::default()
         };
         let builder = BackgroundWorkerBuilder::new(&format!("lockext reaper {}", db.name))
@@ -708,6 +728,9 @@ impl Launcher {
         let now = Instant::now();
         db.last_end = now;
         db.settled = outcome == Outcome::Reaped;
+        if db.settled && db.sweeping {
+            db.last_sweep = Some(now);
+        }
         match &outcome {
             Outcome::Reaped => {
                 db.failures = 0;
@@ -871,6 +894,7 @@ struct Job {
     database: pg_sys::Oid,
     owner: pg_sys::Oid,
     named: bool,
+    sweep: bool,
 }
 
 fn job(slot: usize) -> Option<Job> {
@@ -880,6 +904,7 @@ fn job(slot: usize) -> Option<Job> {
         database: pg_sys::Oid::from(job.database),
         owner: pg_sys::Oid::from(job.owner),
         named: job.named,
+        sweep: job.sweep,
     })
 }
 
@@ -920,6 +945,7 @@ pub extern "C-unwind" fn lockext_reaper_main(arg: pg_sys::Datum) {
         database,
         owner,
         named,
+        sweep,
     }) = job(slot)
     else {
         return;
@@ -953,14 +979,14 @@ pub extern "C-unwind" fn lockext_reaper_main(arg: pg_sys::Datum) {
     let outcome = if backend::in_recovery() {
         Outcome::Standby
     } else {
-        one_round(database, named)
+        one_round(database, named, sweep)
     };
     finish(slot, &outcome);
 }
 
-fn one_round(database: pg_sys::Oid, named: bool) -> Outcome {
+fn one_round(database: pg_sys::Oid, named: bool, sweep: bool) -> Outcome {
     let reporter = || Reporter::claim(database, backend::pid());
-    match reap_round(database, &reporter) {
+    match reap_round(database, sweep, &reporter) {
         Ok(None) => Outcome::SteppedAside,
         Ok(Some((reporter, reaped))) => {
             reporter.round_done(reaped, None);
@@ -1014,10 +1040,11 @@ enum RoundError {
 
 /// Deletes batches of expired leases until a batch comes back short or
 /// `lockext.reap_round_batches` of them ran, or until a DROP DATABASE (or the like) wants
-/// the database (then `None`). Returns the round's reporter
-/// and how many it deleted.
+/// the database (then `None`). A sweep round's batches also delete values left behind.
+/// Returns the round's reporter and how many it deleted.
 fn reap_round(
     database: pg_sys::Oid,
+    sweep: bool,
     reporter: &impl Fn() -> Reporter,
 ) -> Result<Option<(Reporter, u64)>, RoundError> {
     // What the database has, in the round's first transaction: lockext's version, and
@@ -1067,7 +1094,7 @@ fn reap_round(
             if wanted_elsewhere(database) {
                 return Ok(None);
             }
-            reap_batch(batch_size).map(Some)
+            reap_batch(batch_size, sweep).map(Some)
         });
         let (n, more) = match batch {
             Ok(Some(batch)) => batch,
@@ -1154,10 +1181,11 @@ fn next_due() -> Result<pg_sys::TimestampTz, LockError> {
     })
 }
 
-/// Deletes up to `limit` leases of each kind that `REAP` clears, and wakes their waiters at
-/// commit. Returns how many, and whether any kind had more. Exposed to the tests, which
+/// Deletes up to `limit` leases of each kind that `REAP` clears (with their values), and
+/// wakes their waiters at commit; in a `sweep`, also up to `limit` values left behind.
+/// Returns how many leases, and whether any kind had more. Exposed to the tests, which
 /// run it in a backend.
-pub fn reap_batch(limit: i32) -> Result<(u64, bool), LockError> {
+pub fn reap_batch(limit: i32, sweep: bool) -> Result<(u64, bool), LockError> {
     Spi::connect_mut(|client| {
         let now = backend::now()?;
         let args = [
@@ -1198,8 +1226,10 @@ pub fn reap_batch(limit: i32) -> Result<(u64, bool), LockError> {
             let purged = PURGE_KEEPALIVES.run(client, &[keepalives.into()])?.len();
             more |= locked_all && purged > 0; // a full batch that made progress: go on
         }
-        let values = REAP_VALUES.run(client, &[DatumWithOid::from(limit)])?;
-        more |= values.len() >= limit as usize;
+        if sweep {
+            let values = REAP_VALUES.run(client, &[DatumWithOid::from(limit)])?;
+            more |= values.len() >= limit as usize;
+        }
         // Session-bound leases whose session is gone: lock them, read the backend table
         // afresh, then end those still without a session.
         let locked = LOCK_ENDED_SESSIONS.run(client, &[DatumWithOid::from(limit)])?;

@@ -295,14 +295,14 @@ mod tests {
         ))
         .unwrap());
         // A live keep-alive's leases are left alone, whatever their own (infinite) expiry.
-        assert_eq!(crate::reaper::reap_batch(10).unwrap(), (0, false));
+        assert_eq!(crate::reaper::reap_batch(10, false).unwrap(), (0, false));
         Spi::run(&format!(
             "UPDATE lockext.keepalives SET expires_at = clock_timestamp() - interval '1 second' \
               WHERE keepalive = {k}"
         ))
         .unwrap();
         // One batch: the keep-alive is ended, its three leases deleted, then its row.
-        assert_eq!(crate::reaper::reap_batch(10).unwrap(), (3, false));
+        assert_eq!(crate::reaper::reap_batch(10, false).unwrap(), (3, false));
         let left: String = one("SELECT string_agg(lock_id, ',') FROM lockext.locks").unwrap();
         assert_eq!(left, "c@reap_keepalive");
         assert_eq!(rows("shared_leases"), 0);
@@ -326,12 +326,12 @@ mod tests {
         .unwrap());
         sleep_ms(30);
         assert_eq!(
-            crate::reaper::reap_batch(2).unwrap(),
+            crate::reaper::reap_batch(2, false).unwrap(),
             (3, true),
             "a batch is bounded for each kind of lease"
         );
-        assert_eq!(crate::reaper::reap_batch(2).unwrap(), (1, false));
-        assert_eq!(crate::reaper::reap_batch(2).unwrap(), (0, false));
+        assert_eq!(crate::reaper::reap_batch(2, false).unwrap(), (1, false));
+        assert_eq!(crate::reaper::reap_batch(2, false).unwrap(), (0, false));
         let left: String = one("SELECT string_agg(lock_id, ',') FROM lockext.locks").unwrap();
         assert_eq!(left, "live@reap_batch_deletes_o");
         assert_eq!(rows("shared_leases"), 0);
@@ -346,7 +346,7 @@ mod tests {
         )
         .unwrap());
         sleep_ms(40);
-        assert_eq!(crate::reaper::reap_batch(100).unwrap(), (0, false));
+        assert_eq!(crate::reaper::reap_batch(100, false).unwrap(), (0, false));
         assert_eq!(rows("locks"), 1);
     }
 

@@ -11,6 +11,13 @@
 -- already seen expire.) A lease dead because its keep-alive expired is deleted only once
 -- that keep-alive is ended (lockext.end_keepalive), for the same reason: the keep-alive's
 -- renewal must not revive it, nor the keep-alive's other leases beside this grant.
+-- The values of the grants it deletes (lockext.lease_values, src/election.rs) go in the
+-- same statement: one probe of the values' key for each row deleted (a LATERAL subquery:
+-- whatever the statistics say, no plan compares every value with every row), then a
+-- delete by the values' row addresses (a TID scan).
+-- A value row that another transaction holds locked (a setter's) is skipped, not waited
+-- for, and so is one a setter changed after the statement's snapshot (its newest version
+-- is not the one the delete sees): both are left to the reaper's sweep (reap_values.sql).
 -- $1 lock_id, $2 owner, $3 role (the calling role), $4 ttl, $5 now (the call's clock),
 -- $6 token (the new grant's), $7 lock_delay, $8 session_start (NULL: not session-bound),
 -- $9 permits, $10 slot, $11 keepalive (NULL: none) (grant::Params, ACQUIRE_PARAMS: every
@@ -23,7 +30,15 @@ WITH dead AS (SELECT lock_id, owner
      gone AS (DELETE FROM lockext.shared_leases AS t
                USING dead
                WHERE t.lock_id = dead.lock_id AND t.owner = dead.owner
-              RETURNING 1)
+              RETURNING t.lock_id, t.fence_token),
+     ended_values AS MATERIALIZED (
+             SELECT x.ctid
+               FROM gone AS r,
+                    LATERAL (SELECT v.ctid FROM lockext.lease_values AS v
+                              WHERE v.lock_id = r.lock_id AND v.fence_token = r.fence_token
+                                FOR UPDATE SKIP LOCKED) AS x),
+     values_gone AS (DELETE FROM lockext.lease_values AS v
+                      WHERE v.ctid = ANY (ARRAY(SELECT ctid FROM ended_values)))
 SELECT (SELECT count(*) FROM gone) =
        (SELECT count(*)
           FROM lockext.shared_leases

@@ -6,6 +6,13 @@
 -- deleted; one row with lock_id NULL when none was; no row when the caller holds no such
 -- keep-alive (or it is locked by a renewal right now). A lockext_admin member may revoke
 -- another role's keep-alive.
+-- The values of the grants it deletes (lockext.lease_values, src/election.rs) go in the
+-- same statement: one probe of the values' key for each row deleted (a LATERAL subquery:
+-- whatever the statistics say, no plan compares every value with every row), then a
+-- delete by the values' row addresses (a TID scan).
+-- A value row that another transaction holds locked (a setter's) is skipped, not waited
+-- for, and so is one a setter changed after the statement's snapshot (its newest version
+-- is not the one the delete sees): both are left to the reaper's sweep (reap_values.sql).
 -- $1 keepalive, $2 role (the calling role), $3 now (the call's clock), $4 notify
 -- (lockext.notify: send events)
 WITH k AS (UPDATE lockext.keepalives AS k
@@ -29,7 +36,15 @@ WITH k AS (UPDATE lockext.keepalives AS k
             RETURNING l.lock_id, l.fence_token),
      ended AS (SELECT lock_id, fence_token FROM x
                UNION ALL
-               SELECT lock_id, fence_token FROM sh)
+               SELECT lock_id, fence_token FROM sh),
+     ended_values AS MATERIALIZED (
+             SELECT x.ctid
+               FROM ended AS r,
+                    LATERAL (SELECT v.ctid FROM lockext.lease_values AS v
+                              WHERE v.lock_id = r.lock_id AND v.fence_token = r.fence_token
+                                FOR UPDATE SKIP LOCKED) AS x),
+     values_gone AS (DELETE FROM lockext.lease_values AS v
+                      WHERE v.ctid = ANY (ARRAY(SELECT ctid FROM ended_values)))
 SELECT e.lock_id,
        CASE WHEN $4 AND e.lock_id IS NOT NULL THEN pg_catalog.pg_notify('lockext',
            pg_catalog.json_build_object(

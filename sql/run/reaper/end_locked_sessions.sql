@@ -4,6 +4,13 @@
 -- Bounded whatever the statistics say: the rows are chosen once (MATERIALIZED CTEs, which
 -- no plan runs again for each row of another input) and found by their key in the first
 -- step's arrays, an index condition.
+-- The values of the grants it deletes (lockext.lease_values, src/election.rs) go in the
+-- same statement: one probe of the values' key for each row deleted (a LATERAL subquery:
+-- whatever the statistics say, no plan compares every value with every row), then a
+-- delete by the values' row addresses (a TID scan).
+-- A value row that another transaction holds locked (a setter's) is skipped, not waited
+-- for, and so is one a setter changed after the statement's snapshot (its newest version
+-- is not the one the delete sees): both are left to the reaper's sweep (reap_values.sql).
 -- $1 notify (lockext.notify: send events), $2 lock ids and $3 owners of lockext.locks,
 -- $4 lock ids and $5 owners of lockext.shared_leases (the first step's arrays)
 WITH xc AS MATERIALIZED (
@@ -38,7 +45,15 @@ WITH xc AS MATERIALIZED (
             RETURNING l.lock_id, l.fence_token),
      reaped AS (SELECT lock_id, fence_token FROM x
                 UNION ALL
-                SELECT lock_id, fence_token FROM sh)
+                SELECT lock_id, fence_token FROM sh),
+     ended_values AS MATERIALIZED (
+             SELECT x.ctid
+               FROM reaped AS r,
+                    LATERAL (SELECT v.ctid FROM lockext.lease_values AS v
+                              WHERE v.lock_id = r.lock_id AND v.fence_token = r.fence_token
+                                FOR UPDATE SKIP LOCKED) AS x),
+     values_gone AS (DELETE FROM lockext.lease_values AS v
+                      WHERE v.ctid = ANY (ARRAY(SELECT ctid FROM ended_values)))
 SELECT lock_id,
        CASE WHEN $1 THEN pg_catalog.pg_notify('lockext', pg_catalog.json_build_object(
            'event', 'session_ended', 'lock_id', lock_id, 'fence_token', fence_token,

@@ -4,9 +4,12 @@
 -- and permits by the index on when their lock is free (an attached lease's row says
 -- infinity there), live keep-alives by their expiry (a row per worker), the leases of
 -- ended keep-alives by their keep-alive's expiry plus their lock-delay; ended keep-alives
--- without leases, and values whose grant is gone, are due now. Session-bound leases whose
--- session ended are not here: the session's exit publishes them when it could not end
--- them, and a crash restarts the server (and the reaper, whose first rounds run anyway).
+-- without leases are due now. Values are not read: a value goes with its lease, in the
+-- statement that deletes or replaces the lease, and the few left behind (a setter's row
+-- locked at that moment, an older version's) wait for the sweep. Session-bound leases
+-- whose session ended are not here: the session's exit publishes them when it could not
+-- end them, and a crash restarts the server (and the reaper, whose first rounds run
+-- anyway).
 -- $1 now (the round's clock)
 SELECT least(
          (SELECT min(lockext.free_at(expires_at, lock_delay)) FROM lockext.locks),
@@ -25,11 +28,5 @@ SELECT least(
              AND NOT EXISTS (SELECT FROM lockext.locks AS l WHERE l.keepalive = k.keepalive)
              AND NOT EXISTS (SELECT FROM lockext.shared_leases AS s
                               WHERE s.keepalive = k.keepalive)
-           LIMIT 1),
-         (SELECT $1 FROM lockext.lease_values AS o
-           WHERE NOT EXISTS (SELECT FROM lockext.locks AS l
-                              WHERE l.lock_id = o.lock_id AND l.fence_token = o.fence_token)
-             AND NOT EXISTS (SELECT FROM lockext.shared_leases AS s
-                              WHERE s.lock_id = o.lock_id AND s.fence_token = o.fence_token)
            LIMIT 1),
          'infinity'::timestamptz) AS due
