@@ -18,8 +18,11 @@
 //!   A reaper batch is B only, and a stand-in: a plain session runs the reaper's own
 //!   statements (`sql/run/reaper/*.sql`) in one transaction (`reaper_batch`). The
 //!   explorer's database has no reaper (a lease ends by its clock, never by a round between
-//!   two steps), and a real round as A cannot be stopped for long: the worker sets
-//!   `lock_timeout = 1s` over every other source, and the pause is a lock wait.
+//!   two steps). A real round as A cannot be stopped for long: `ALTER DATABASE ... SET
+//!   lockext.explore_pause_at` does reach the worker (it stops there, waiting in
+//!   `pg_locks`), but the worker sets `lock_timeout = 1s` over every other source and the
+//!   pause is a lock wait, so the round fails ("canceling statement due to lock timeout")
+//!   a second later, whatever B does.
 //! - For each state, each A (and each of its ways), each pause point p of A, each B: the
 //!   schedule "A until p, B to its end or its wait, A on". `LOCKEXT_EXPLORE=full` runs all
 //!   of them (`make explore`); otherwise a sample (every pause point of every A, against
