@@ -41,7 +41,7 @@ REGRESS    := $(basename $(notdir $(wildcard tests/pg_regress/sql/*.sql)))
 ISOLATION  := $(basename $(notdir $(wildcard tests/isolation/specs/*.spec)))
 PGTEST_DIR := /tmp/lockext-pgtest
 
-.PHONY: bootstrap install run stop test lint unit installcheck cluster-test explore package bench bench-smoke deploy-test
+.PHONY: bootstrap install run stop test lint unit installcheck cluster-test explore explore-count package bench bench-smoke deploy-test
 
 bootstrap:
 	bash scripts/bootstrap.sh
@@ -143,6 +143,11 @@ cluster-test: install
 # The schedule explorer, every pair of calls at every pause point (cluster-test runs a sample).
 explore: install
 	cd tests/cluster && LOCKEXT_EXPLORE=full cargo test --profile cluster --test explore -- --nocapture --test-threads=1
+
+# How many schedules `make explore` runs, by pair, without running them (each call's pause
+# points are counted by running it alone).
+explore-count: install
+	cd tests/cluster && LOCKEXT_EXPLORE=full LOCKEXT_EXPLORE_COUNT=1 cargo test --profile cluster --test explore every_schedule -- --nocapture --test-threads=1
 
 # Benchmarks side by side (bench/README.md); the smoke run checks the scripts, not numbers.
 bench: install

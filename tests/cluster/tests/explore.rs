@@ -7,15 +7,32 @@
 //!
 //! - A starting **state** for the lock id (free; held by `h` for an hour; held by `h` with
 //!   a lease that expires while A is stopped, so that B runs after the expiry).
-//! - A **call** is one SQL statement a client sends (the calls below), run by A as it is
-//!   (autocommit), or inside `BEGIN ISOLATION LEVEL REPEATABLE READ` after the snapshot
-//!   was taken and followed by more work in the same transaction.
+//! - A **call** is one SQL statement a client sends (`CALLS`), run by A as it is
+//!   (autocommit), inside `BEGIN ISOLATION LEVEL REPEATABLE READ` after the snapshot was
+//!   taken and followed by a read, or inside `BEGIN` (READ COMMITTED) followed by more work
+//!   (an exclusive grant's own fenced write with its new token) and `COMMIT`: its answer
+//!   counts only once `COMMIT` returned (`Way`). One call is no statement: `session_end`,
+//!   the disconnect of the session that holds the lease session-bound; its pause points
+//!   are the exit hook's (`src/session.rs`), counted by stopping it at each in turn
+//!   (`Explorer::exit_points`), as an exiting backend can send no NOTICE.
+//!   A reaper batch is B only, and a stand-in: a plain session runs the reaper's own
+//!   statements (`sql/run/reaper/*.sql`) in one transaction (`reaper_batch`). The
+//!   explorer's database has no reaper (a lease ends by its clock, never by a round between
+//!   two steps). A real round as A cannot be stopped for long: `ALTER DATABASE ... SET
+//!   lockext.explore_pause_at` does reach the worker (it stops there, waiting in
+//!   `pg_locks`), but the worker sets `lock_timeout = 1s` over every other source and the
+//!   pause is a lock wait, so the round fails ("canceling statement due to lock timeout")
+//!   a second later, whatever B does.
 //! - For each state, each A (and each of its ways), each pause point p of A, each B: the
 //!   schedule "A until p, B to its end or its wait, A on". `LOCKEXT_EXPLORE=full` runs all
 //!   of them (`make explore`); otherwise a sample (every pause point of every A, against
 //!   B = the calls that compete with it most: see `sample`). `LOCKEXT_EXPLORE_PART=i/n`
 //!   runs every n-th schedule from the i-th (`make test` splits the sample between the
-//!   oldest and the newest PostgreSQL, `part`).
+//!   oldest and the newest PostgreSQL, `part`). `LOCKEXT_EXPLORE_ONLY=a,b` runs the pair
+//!   (a, b) in every state and way (`a+c` for both, `*` for every call on that side;
+//!   `LOCKEXT_EXPLORE_WAY=ReadCommitted` for A in that way only);
+//!   `LOCKEXT_EXPLORE_COUNT=1` only counts the schedules a run would take, by pair, which
+//!   costs one run of each A alone (the full run: `make explore-count`).
 //!
 //! The invariants, after B and again at the end: at most one exclusive holder that
 //! believes it holds (its grant or renewal answered, not released, not expired), never an
@@ -54,7 +71,14 @@ enum State {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Way {
     Autocommit,
+    /// Inside `BEGIN ISOLATION LEVEL REPEATABLE READ`, after the snapshot was taken, followed
+    /// by a read in the same transaction.
     RepeatableRead,
+    /// Inside `BEGIN` (READ COMMITTED), followed by more work in the same transaction: an
+    /// exclusive grant's own fenced write with the token it got (else a read), then
+    /// `COMMIT`. The answer counts only once `COMMIT` returned (README: a grant inside an
+    /// explicit transaction exists once it commits).
+    ReadCommitted,
 }
 
 /// What a call's answer means for the lock.
@@ -76,6 +100,12 @@ enum Effect {
     TakeOverWrite,
     /// The revocation of the keep-alive `{K}`: the leases attached to it end.
     Revoke,
+    /// The end of the holder's session: its lease is session-bound, taken by the very
+    /// session that disconnects, and the exit hook (`src/session.rs`) ends it ("ended").
+    SessionEnd,
+    /// A reaper batch, by a stand-in (`reaper_batch`): it deletes only what is dead, so what
+    /// the invariants say of live leases covers it.
+    Reap,
     /// Nothing that the invariants follow (reads, values, keep-alive renewals).
     Other,
 }
@@ -120,6 +150,12 @@ const CALLS: &[Call] = &[
         "SELECT (lockext.lock_acquire('{L}', 's' || pg_backend_pid(), '1 hour', mode => 'shared')).fence_token::text",
     ),
     call(
+        "acquire_shared_wait",
+        Effect::Shared,
+        false,
+        "SELECT (lockext.lock_acquire('{L}', 'S' || pg_backend_pid(), '1 hour', mode => 'shared', wait => '1 second')).fence_token::text",
+    ),
+    call(
         "acquire_all",
         Effect::Exclusive("a"),
         false,
@@ -144,6 +180,12 @@ const CALLS: &[Call] = &[
         Effect::Permit,
         false,
         "SELECT (lockext.lock_acquire('{L}-sem', 'p' || pg_backend_pid(), '1 hour', permits => 1)).fence_token::text",
+    ),
+    call(
+        "acquire_permit_wait",
+        Effect::Permit,
+        false,
+        "SELECT (lockext.lock_acquire('{L}-sem', 'P' || pg_backend_pid(), '1 hour', permits => 1, wait => '1 second')).fence_token::text",
     ),
     call(
         "keepalive_acquire",
@@ -217,7 +259,107 @@ const CALLS: &[Call] = &[
         true,
         "UPDATE explore_rows SET v = v + 1, fence_token = {T} WHERE id = '{L}' RETURNING v::text",
     ),
+    // The holder's lease is taken `session_bound => true` by this call's session, which
+    // then disconnects: the pause points are the exit hook's (`end_session`).
+    call("session_end", Effect::SessionEnd, true, ""),
+    // A plain session standing in for a reaper batch: the reaper's own statements, in one
+    // transaction (`reaper_batch`). Only as B: a real batch runs in a background worker.
+    call("reaper_batch", Effect::Reap, false, ""),
 ];
+
+/// The statements of a reaper batch that end dead leases and keep-alives
+/// (`reaper::reap_batch`, in its order), each with its parameter types: `$1` the limit,
+/// (`$2` notify,) and the batch's clock. The batch's purge of ended keep-alives, of values
+/// and of session-bound leases whose backend is gone is left out.
+const REAPER_BATCH: &[(&str, &str, &str)] = &[
+    (
+        "reap_locks",
+        "int4, bool, timestamptz",
+        include_str!("../../../sql/run/reaper/reap_locks.sql"),
+    ),
+    (
+        "reap_shared_leases",
+        "int4, bool, timestamptz",
+        include_str!("../../../sql/run/reaper/reap_shared_leases.sql"),
+    ),
+    (
+        "end_keepalives",
+        "int4, timestamptz",
+        include_str!("../../../sql/run/reaper/end_keepalives.sql"),
+    ),
+    (
+        "reap_attached_locks",
+        "int4, bool, timestamptz",
+        include_str!("../../../sql/run/reaper/reap_attached_locks.sql"),
+    ),
+    (
+        "reap_attached_shared_leases",
+        "int4, bool, timestamptz",
+        include_str!("../../../sql/run/reaper/reap_attached_shared_leases.sql"),
+    ),
+];
+
+/// A stand-in for one reaper batch on `s`: the reaper's statements in one transaction, with
+/// the worker's settings (`lock_timeout = 1s`, `synchronous_commit = off`) and one clock
+/// read for all. Answers how many rows it ended.
+fn reaper_batch(s: &mut Client) -> Answer {
+    let result = (|| -> Result<usize, postgres::Error> {
+        s.batch_execute("DEALLOCATE ALL")?;
+        for (name, types, sql) in REAPER_BATCH {
+            s.batch_execute(&format!("PREPARE {name}({types}) AS {sql}"))?;
+        }
+        s.batch_execute(
+            "BEGIN; SET LOCAL lock_timeout = '1s'; SET LOCAL synchronous_commit = off",
+        )?;
+        let now: String = s.query_one("SELECT clock_timestamp()::text", &[])?.get(0);
+        let mut ended = 0;
+        for (name, types, _) in REAPER_BATCH {
+            let args = if types.contains("bool") {
+                format!("100, false, '{now}'")
+            } else {
+                format!("100, '{now}'")
+            };
+            ended += s
+                .simple_query(&format!("EXECUTE {name}({args})"))?
+                .iter()
+                .filter(|m| matches!(m, postgres::SimpleQueryMessage::Row(_)))
+                .count();
+        }
+        s.batch_execute("COMMIT")?;
+        Ok(ended)
+    })();
+    match result {
+        Ok(n) => Answer::Value(Some(n.to_string())),
+        Err(e) => {
+            let a = sql_error(&e);
+            let _ = s.batch_execute("ROLLBACK");
+            a
+        }
+    }
+}
+
+/// The calls a sample takes as A (every pause point, against `sample`'s B calls): all but
+/// those whose schedules cost a second each (a wait that runs out behind a held lease) or
+/// a connection each (a session end).
+const NOT_SAMPLED_AS_A: &[&str] = &["acquire_shared_wait", "acquire_permit_wait", "session_end"];
+
+/// The calls that are only ever B (`reaper_batch`: see `CALLS`).
+const ONLY_AS_B: &[&str] = &["reaper_batch"];
+
+/// The calls a sample runs inside an explicit READ COMMITTED transaction as A.
+const SAMPLED_READ_COMMITTED: &[&str] = &["acquire", "release"];
+
+/// How `call` runs as A: a session's end is no statement, and has no transaction around it.
+fn ways(call: Call, full: bool) -> Vec<Way> {
+    if call.effect == Effect::SessionEnd {
+        return vec![Way::Autocommit];
+    }
+    let mut ways = vec![Way::Autocommit, Way::RepeatableRead];
+    if full || SAMPLED_READ_COMMITTED.contains(&call.name) {
+        ways.push(Way::ReadCommitted);
+    }
+    ways
+}
 
 impl Call {
     fn text(&self, s: &SetupArgs) -> String {
@@ -271,7 +413,8 @@ fn check(h: &History) -> Vec<String> {
     // Who believes it holds the lock exclusively at the end, and since when (order).
     let mut believers: Vec<(String, i64)> = Vec::new();
     let mut holder_believes = h.state != State::Free;
-    let mut released = false;
+    // The call that answered that the holder's lease ended (a release, a session end).
+    let mut released: Option<&str> = None;
     let mut tokens: Vec<i64> = Vec::new();
     // Accepted fenced writes: (token, the author its document names, if it stores one).
     let mut writes: Vec<(i64, Option<&str>)> = Vec::new();
@@ -292,6 +435,10 @@ fn check(h: &History) -> Vec<String> {
                 if let Some(t) = granted(answer) {
                     tokens.push(t);
                     believers.push((owner.to_string(), t));
+                    if *way == Way::ReadCommitted {
+                        // Its own fenced write, committed with the grant (`run_call`).
+                        writes.push((t, Some(owner)));
+                    }
                 }
             }
             Effect::TakeOverWrite => {
@@ -316,7 +463,15 @@ fn check(h: &History) -> Vec<String> {
             }
             Effect::Release => {
                 if answer == &Answer::Value(Some("true".into())) {
-                    released = true;
+                    released = Some(call.name);
+                    holder_believes = false;
+                }
+            }
+            Effect::SessionEnd => {
+                // The session is gone: nobody believes in its lease, and README promises
+                // that its backend ended the lease on its way out.
+                if matches!(answer, Answer::Value(Some(_))) {
+                    released = Some(call.name);
                     holder_believes = false;
                 }
             }
@@ -331,7 +486,7 @@ fn check(h: &History) -> Vec<String> {
                     believers.retain(|(owner, _)| !owner.starts_with('k'));
                 }
             }
-            Effect::Other => {}
+            Effect::Reap | Effect::Other => {}
         }
     }
     if h.state == State::Expiring
@@ -396,8 +551,16 @@ fn check(h: &History) -> Vec<String> {
             ));
         }
     }
-    if released && h.end.iter().any(|l| l.1 == "h" && l.2 == h.t0) {
-        bad.push("the release answered true, and the lease is still live".into());
+    if let Some(by) = released {
+        if h.end.iter().any(|l| l.1 == "h" && l.2 == h.t0) {
+            bad.push(if by == "session_end" {
+                "the holder's session ended (its backend exited), and its session-bound lease \
+                 is still live"
+                    .to_string()
+            } else {
+                format!("{by} answered that the lease ended, and it is still live")
+            });
+        }
     }
     // The order in which answers arrive is not the order of commits, so writes are
     // judged by what they left: the mark is the highest accepted token, and the document
@@ -439,16 +602,25 @@ struct Session {
     notices: Arc<Mutex<Vec<String>>>,
 }
 
-fn session(cluster: &Cluster) -> Session {
+fn session(url: &str) -> Session {
     let notices = Arc::new(Mutex::new(Vec::new()));
     let sink = notices.clone();
-    let mut config: Config = cluster.url(DB).parse().expect("a connection string");
+    let mut config: Config = url.parse().expect("a connection string");
     config.notice_callback(move |n| sink.lock().expect("notices").push(n.message().to_string()));
     let mut client = config.connect(NoTls).expect("connect");
     let pid: i32 = client
         .query_one("SELECT pg_backend_pid()", &[])
         .expect("pid")
         .get(0);
+    // A backend's first lockext call looks up lockext's schema owner once (two pause points
+    // that no later call passes): made here, so that a call counted alone in a fresh
+    // session passes the same points as when it runs in a schedule.
+    client
+        .batch_execute(
+            "SELECT lockext.lock_release('explore-warm-up', 'w', \
+               (lockext.lock_acquire('explore-warm-up', 'w', '1 second')).fence_token)",
+        )
+        .expect("the session's first call");
     Session {
         client,
         pid,
@@ -466,7 +638,44 @@ struct Setup {
     expires_ms: f64,
 }
 
-fn set_up(c: &mut Client, state: State, n: u64) -> Setup {
+/// Ends session `s` (the call `session_end`): sets the pause point, disconnects, and waits
+/// until its backend has exited (its exit hook ran). Returns a new session in its place.
+fn end_session(mut s: Session, url: &str, pause: i64) -> (Session, Answer) {
+    let old = s.pid;
+    if let Err(e) = s
+        .client
+        .batch_execute(&format!("SET lockext.explore_pause_at = {pause}"))
+    {
+        return (s, sql_error(&e));
+    }
+    drop(s);
+    let mut new = session(url);
+    let started = Instant::now();
+    loop {
+        let gone = new
+            .client
+            .query_one(
+                "SELECT NOT EXISTS (SELECT FROM pg_stat_activity WHERE pid = $1)",
+                &[&old],
+            )
+            .map(|r| r.get::<_, bool>(0));
+        match gone {
+            Ok(true) => return (new, Answer::Value(Some("ended".into()))),
+            Err(e) => return (new, sql_error(&e)),
+            Ok(false) if started.elapsed() > WITHIN => {
+                return (
+                    new,
+                    Answer::Error("client".into(), "the backend did not exit".into()),
+                )
+            }
+            Ok(false) => thread::sleep(Duration::from_millis(2)),
+        }
+    }
+}
+
+/// Sets up `state`; the holder's grant is taken by `holder` when given (session-bound, for
+/// `session_end`), else by `c`.
+fn set_up(c: &mut Client, holder: Option<&mut Client>, state: State, n: u64) -> Setup {
     let lock = format!("L{n}");
     let resource = format!("R{n}");
     let keepalive: i64 = c
@@ -490,11 +699,13 @@ fn set_up(c: &mut Client, state: State, n: u64) -> Setup {
     } else {
         format!("{SHORT_TTL_MS} milliseconds")
     };
-    let row = c
+    let bound = holder.is_some();
+    let row = holder
+        .unwrap_or(c)
         .query_one(
             "SELECT fence_token, extract(epoch FROM expires_at)::float8 * 1000 \
-               FROM lockext.lock_acquire($1, 'h', $2::text::interval)",
-            &[&lock, &ttl],
+               FROM lockext.lock_acquire($1, 'h', $2::text::interval, session_bound => $3)",
+            &[&lock, &ttl, &bound],
         )
         .expect("the holder's grant");
     let t0: i64 = row.get(0);
@@ -545,22 +756,44 @@ fn run_call(
     } else {
         format!("SET lockext.explore_pause_at = {pause}")
     };
-    let result = (|| -> Result<Option<String>, postgres::Error> {
-        if way == Way::RepeatableRead {
-            s.batch_execute(
+    let result = (|| -> Result<Answer, postgres::Error> {
+        match way {
+            Way::Autocommit => {}
+            Way::RepeatableRead => s.batch_execute(
                 "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM lockext.locks",
-            )?;
+            )?,
+            Way::ReadCommitted => s.batch_execute("BEGIN ISOLATION LEVEL READ COMMITTED")?,
         }
         s.batch_execute(&set)?;
         let rows = s.query(&call.text(setup), &[])?;
         let value = rows.first().and_then(|r| r.get::<_, Option<String>>(0));
-        if way == Way::RepeatableRead {
+        if way == Way::ReadCommitted {
+            let token = value.as_deref().and_then(|v| v.parse::<i64>().ok());
+            if let (Effect::Exclusive(owner), Some(token)) = (call.effect, token) {
+                // More work in the transaction: the new holder's write with its token, which
+                // a grant not yet committed must already be allowed.
+                let written: bool = s
+                    .query_one(
+                        "SELECT lockext.fenced_update($1, $2, jsonb_build_object('by', $3::text))",
+                        &[&setup.resource, &token, &owner],
+                    )?
+                    .get(0);
+                if !written {
+                    let _ = s.batch_execute("ROLLBACK");
+                    return Ok(Answer::Error(
+                        "refused".into(),
+                        format!("the grant's own write with token {token} was refused"),
+                    ));
+                }
+            }
+        }
+        if way != Way::Autocommit {
             s.batch_execute("SELECT count(*) FROM lockext.holders; COMMIT")?;
         }
-        Ok(value)
+        Ok(Answer::Value(value))
     })();
     let answer = match result {
-        Ok(v) => Answer::Value(v),
+        Ok(a) => a,
         Err(e) => {
             let a = sql_error(&e);
             let _ = s.batch_execute("ROLLBACK");
@@ -627,6 +860,7 @@ fn waiting(c: &mut Client, pid: i32) -> bool {
 /// The whole exploration: returns (schedules run, violations with their replay commands).
 struct Explorer {
     cluster: Cluster,
+    url: String,
     control: Client,
     a: Option<Session>,
     b: Option<Session>,
@@ -637,10 +871,12 @@ impl Explorer {
     fn new(name: &str) -> Explorer {
         let cluster = explorer_cluster(name);
         let control = cluster.connect_to(DB);
-        let a = Some(session(&cluster));
-        let b = Some(session(&cluster));
+        let url = cluster.url(DB);
+        let a = Some(session(&url));
+        let b = Some(session(&url));
         Explorer {
             cluster,
+            url,
             control,
             a,
             b,
@@ -648,9 +884,16 @@ impl Explorer {
         }
     }
 
-    fn setup(&mut self, state: State) -> (SetupArgs, f64) {
+    /// A fresh starting state; `bound` ('A' or 'B'): that session takes the holder's lease,
+    /// session-bound.
+    fn setup(&mut self, state: State, bound: Option<char>) -> (SetupArgs, f64) {
         self.n += 1;
-        let s = set_up(&mut self.control, state, self.n);
+        let holder = match bound {
+            Some('A') => self.a.as_mut().map(|s| &mut s.client),
+            Some(_) => self.b.as_mut().map(|s| &mut s.client),
+            None => None,
+        };
+        let s = set_up(&mut self.control, holder, state, self.n);
         (
             SetupArgs {
                 lock: s.lock,
@@ -664,7 +907,10 @@ impl Explorer {
 
     /// How many pause points `call` passes, run alone the `way` given in `state`.
     fn pause_points(&mut self, state: State, call: Call, way: Way) -> Vec<String> {
-        let (args, _) = self.setup(state);
+        if call.effect == Effect::SessionEnd {
+            return self.exit_points(state);
+        }
+        let (args, _) = self.setup(state, None);
         let a = self.a.as_mut().expect("session A");
         a.notices.lock().expect("notices").clear();
         run_call(&mut a.client, call, way, &args, 0, true);
@@ -679,9 +925,69 @@ impl Explorer {
         points
     }
 
+    /// The pause points of a session's end. An exiting backend can send no NOTICE (its
+    /// client is gone), so they are counted by stopping it at the first, the second, ...
+    /// until it exits without stopping: the pause works there as anywhere (the exit hook
+    /// runs in a transaction of its own, with the lock manager still up).
+    fn exit_points(&mut self, state: State) -> Vec<String> {
+        let mut points = Vec::new();
+        for p in 1.. {
+            self.setup(state, Some('A'));
+            self.control
+                .execute(
+                    "SELECT pg_advisory_lock($1, $2)",
+                    &[&PAUSE_KEY.0, &PAUSE_KEY.1],
+                )
+                .expect("take the pause lock");
+            let a = self.a.take().expect("session A");
+            let pid = a.pid;
+            let url = self.url.clone();
+            let ending = thread::spawn(move || end_session(a, &url, p));
+            let started = Instant::now();
+            let stopped = loop {
+                if ending.is_finished() {
+                    break false;
+                }
+                if paused(&mut self.control, pid) {
+                    break true;
+                }
+                assert!(
+                    started.elapsed() < WITHIN,
+                    "the session neither stopped nor ended"
+                );
+                thread::sleep(Duration::from_millis(2));
+            };
+            self.control
+                .execute(
+                    "SELECT pg_advisory_unlock($1, $2)",
+                    &[&PAUSE_KEY.0, &PAUSE_KEY.1],
+                )
+                .expect("let it go on");
+            let (a, answer) = ending.join().expect("the ending session");
+            self.a = Some(a);
+            assert_eq!(
+                answer,
+                Answer::Value(Some("ended".into())),
+                "a session's end"
+            );
+            if !stopped {
+                break;
+            }
+            points.push(format!("exit hook point {p}"));
+        }
+        points
+    }
+
     /// One schedule: A until pause point `p`, B to its end or its wait, A on.
     fn schedule(&mut self, state: State, a_call: Call, way: Way, p: i64, b_call: Call) -> History {
-        let (args, expires_ms) = self.setup(state);
+        let bound = if a_call.effect == Effect::SessionEnd {
+            Some('A')
+        } else if b_call.effect == Effect::SessionEnd {
+            Some('B')
+        } else {
+            None
+        };
+        let (args, expires_ms) = self.setup(state, bound);
         self.control
             .execute(
                 "SELECT pg_advisory_lock($1, $2)",
@@ -694,8 +1000,15 @@ impl Explorer {
         let (tx, rx) = mpsc::channel::<(char, Answer)>();
         let a_tx = tx.clone();
         let a_args = args.clone();
+        let a_url = self.url.clone();
         let a_thread = thread::spawn(move || {
-            let answer = run_call(&mut a.client, a_call, way, &a_args, p, false);
+            let answer = if a_call.effect == Effect::SessionEnd {
+                let (new, answer) = end_session(a, &a_url, p);
+                a = new;
+                answer
+            } else {
+                run_call(&mut a.client, a_call, way, &a_args, p, false)
+            };
             a_tx.send(('A', answer.clone())).expect("send");
             a
         });
@@ -734,8 +1047,17 @@ impl Explorer {
         }
         let b_tx = tx.clone();
         let b_args = args.clone();
+        let b_url = self.url.clone();
         let b_thread = thread::spawn(move || {
-            let answer = run_call(&mut b.client, b_call, Way::Autocommit, &b_args, 0, false);
+            let answer = if b_call.effect == Effect::SessionEnd {
+                let (new, answer) = end_session(b, &b_url, 0);
+                b = new;
+                answer
+            } else if b_call.effect == Effect::Reap {
+                reaper_batch(&mut b.client)
+            } else {
+                run_call(&mut b.client, b_call, Way::Autocommit, &b_args, 0, false)
+            };
             b_tx.send(('B', answer.clone())).expect("send");
             b
         });
@@ -830,7 +1152,12 @@ fn sample(state: State) -> Vec<Call> {
             "release",
             "fenced_update",
         ],
-        State::Expiring => &["acquire", "acquire_shared", "take_over_write"],
+        State::Expiring => &[
+            "acquire",
+            "acquire_shared",
+            "take_over_write",
+            "reaper_batch",
+        ],
     };
     CALLS
         .iter()
@@ -851,7 +1178,14 @@ fn part() -> (usize, usize) {
         .unwrap_or((0, 1))
 }
 
-fn explore(full: bool, only: Option<(&str, &str)>) -> (usize, Vec<String>) {
+/// Whether one side of `LOCKEXT_EXPLORE_ONLY` (a call, `a+b+c`, or `*`) names `call`.
+fn names(side: &str, call: Call) -> bool {
+    side == "*" || side.split('+').any(|n| n == call.name)
+}
+
+/// `count`: only enumerate (every A's pause points, run alone) and count the schedules, by
+/// pair, without running any (`LOCKEXT_EXPLORE_COUNT=1`).
+fn explore(full: bool, only: Option<(&str, &str)>, count: bool) -> (usize, Vec<String>) {
     let mut ex = Explorer::new(if full { "explore-full" } else { "explore" });
     let (share, shares) = part();
     let mut enumerated = 0;
@@ -863,21 +1197,44 @@ fn explore(full: bool, only: Option<(&str, &str)>) -> (usize, Vec<String>) {
             if state == State::Free && a_call.holder {
                 continue;
             }
-            for way in [Way::Autocommit, Way::RepeatableRead] {
+            if ONLY_AS_B.contains(&a_call.name) {
+                continue;
+            }
+            if !full && only.is_none() && NOT_SAMPLED_AS_A.contains(&a_call.name) {
+                continue;
+            }
+            if only.is_some_and(|(a, _)| !names(a, a_call)) {
+                continue;
+            }
+            for way in ways(a_call, full || only.is_some()) {
+                // `LOCKEXT_EXPLORE_WAY=ReadCommitted`: A only that way.
+                if std::env::var("LOCKEXT_EXPLORE_WAY").is_ok_and(|w| w != format!("{way:?}")) {
+                    continue;
+                }
                 let points = ex.pause_points(state, a_call, way);
                 let bs = if full { CALLS.to_vec() } else { sample(state) };
+                let bs = if only.is_some() { CALLS.to_vec() } else { bs };
                 for b_call in bs {
                     if state == State::Free && b_call.holder {
                         continue;
                     }
-                    if let Some((a, b)) = only {
-                        if a != a_call.name || b != b_call.name {
-                            continue;
-                        }
+                    // One holder's session cannot end twice.
+                    if a_call.effect == Effect::SessionEnd && b_call.effect == Effect::SessionEnd {
+                        continue;
+                    }
+                    if only.is_some_and(|(_, b)| !names(b, b_call)) {
+                        continue;
                     }
                     for p in 1..=points.len() as i64 {
                         enumerated += 1;
                         if (enumerated - 1) % shares != share {
+                            continue;
+                        }
+                        if count {
+                            run += 1;
+                            *by_pair
+                                .entry((a_call.name.to_string(), b_call.name.to_string()))
+                                .or_default() += 1;
                             continue;
                         }
                         let h = ex.schedule(state, a_call, way, p, b_call);
@@ -901,7 +1258,7 @@ fn explore(full: bool, only: Option<(&str, &str)>) -> (usize, Vec<String>) {
                         for v in check(&h) {
                             violations.push(format!(
                                 "{v}\n    schedule: state {state:?}, A = {} ({way:?}) stopped at point {p} \
-                                 ({}), B = {}; answers {:?}\n    replay: LOCKEXT_EXPLORE_ONLY={},{} \
+                                 ({}), B = {}; answers {:?}\n    replay: LOCKEXT_EXPLORE_ONLY={},{} LOCKEXT_EXPLORE_WAY={way:?} \
                                  cargo test --profile cluster --test explore -- --nocapture",
                                 a_call.name,
                                 points[(p - 1) as usize],
@@ -919,7 +1276,10 @@ fn explore(full: bool, only: Option<(&str, &str)>) -> (usize, Vec<String>) {
             }
         }
     }
-    println!("Schedules explored, by pair (A, B):");
+    println!(
+        "Schedules {}, by pair (A, B):",
+        if count { "counted" } else { "explored" }
+    );
     for ((a, b), n) in &by_pair {
         println!("  {a:>16} x {b:<16} {n}");
     }
@@ -932,12 +1292,14 @@ fn every_schedule_of_two_calls_keeps_the_invariants() {
     let full = std::env::var("LOCKEXT_EXPLORE").as_deref() == Ok("full");
     let only_env = std::env::var("LOCKEXT_EXPLORE_ONLY").ok();
     let only = only_env.as_deref().and_then(|s| s.split_once(','));
+    let count = std::env::var("LOCKEXT_EXPLORE_COUNT").as_deref() == Ok("1");
     let started = Instant::now();
-    let (run, violations) = explore(full, only);
+    let (run, violations) = explore(full, only, count);
     let (share, shares) = part();
     println!(
-        "{} schedules ({}{}) in {:.0} s, {} violations",
+        "{} schedules {}({}{}) in {:.0} s, {} violations",
         run,
+        if count { "counted, none run " } else { "" },
         if full { "full" } else { "sample" },
         if shares > 1 {
             format!(", part {share} of every {shares}")
@@ -961,6 +1323,7 @@ fn the_checker_catches_a_bad_history() {
     let tok = |t: i64| Answer::Value(Some(t.to_string()));
     let yes = Answer::Value(Some("true".into()));
     const AC: Way = Way::Autocommit;
+    const RC: Way = Way::ReadCommitted;
     let good = History {
         state: State::Held,
         t0: 10,
@@ -1119,7 +1482,82 @@ fn the_checker_catches_a_bad_history() {
                 ..good.clone()
             },
         ),
+        (
+            "a session-bound lease outlives its session",
+            History {
+                finished: vec![(call("session_end"), AC, Answer::Value(Some("ended".into())))],
+                end: vec![("exclusive".into(), "h".into(), 10)],
+                ..good.clone()
+            },
+        ),
+        (
+            "a reaper batch ended a live lease",
+            History {
+                finished: vec![(call("reaper_batch"), AC, tok(1))],
+                end: vec![],
+                ..good.clone()
+            },
+        ),
+        (
+            "a READ COMMITTED grant's own write lost",
+            History {
+                state: State::Free,
+                t0: 0,
+                finished: vec![(call("acquire"), RC, tok(11))],
+                end: vec![("exclusive".into(), "r".into(), 11)],
+                resource_end: (0, None),
+                ..good.clone()
+            },
+        ),
+        (
+            "a READ COMMITTED grant never committed",
+            History {
+                state: State::Free,
+                t0: 0,
+                finished: vec![(call("acquire"), RC, tok(11))],
+                end: vec![],
+                resource_end: (11, Some("r".into())),
+                ..good.clone()
+            },
+        ),
+        (
+            "a waiting shared grant beside an exclusive one",
+            History {
+                finished: vec![
+                    (call("release"), AC, yes.clone()),
+                    (call("acquire_shared_wait"), AC, tok(11)),
+                    (call("acquire"), AC, tok(12)),
+                ],
+                end: vec![
+                    ("shared".into(), "S1".into(), 11),
+                    ("exclusive".into(), "r".into(), 12),
+                ],
+                ..good.clone()
+            },
+        ),
+        (
+            "a waiting permit's token handed out twice",
+            History {
+                finished: vec![
+                    (call("release"), AC, yes.clone()),
+                    (call("acquire_permit_wait"), AC, tok(11)),
+                    (call("acquire_permit"), AC, tok(11)),
+                ],
+                end: vec![("permit".into(), "P1".into(), 11)],
+                ..good.clone()
+            },
+        ),
     ];
+    // A grant in READ COMMITTED with its own write, both committed: no violation.
+    let committed = History {
+        state: State::Free,
+        t0: 0,
+        finished: vec![(call("acquire"), RC, tok(11))],
+        end: vec![("exclusive".into(), "r".into(), 11)],
+        resource_end: (11, Some("r".into())),
+        ..good.clone()
+    };
+    assert_eq!(check(&committed), Vec::<String>::new());
     // The same failure in REPEATABLE READ is the client's to retry: not a violation.
     let retried = History {
         finished: vec![
