@@ -846,10 +846,13 @@ fn paused(c: &mut Client, pid: i32) -> bool {
 }
 
 /// Whether backend `pid` waits (for a lock, a latch, a nap): B "runs until it waits".
+/// (A backend whose session ended runs its exit hook with its last state, `idle`, and
+/// waits there on a lease row's lock like any statement: a lock wait counts whatever the
+/// state says.)
 fn waiting(c: &mut Client, pid: i32) -> bool {
     c.query_one(
-        "SELECT coalesce(bool_or(state = 'active' AND wait_event_type IN \
-            ('Lock', 'Extension', 'Timeout', 'IPC', 'LWLock')), false) \
+        "SELECT coalesce(bool_or(wait_event_type = 'Lock' OR state = 'active' AND wait_event_type IN \
+            ('Extension', 'Timeout', 'IPC', 'LWLock')), false) \
            FROM pg_stat_activity WHERE pid = $1",
         &[&pid],
     )
@@ -1063,6 +1066,7 @@ impl Explorer {
         });
         let started = Instant::now();
         let mut still = 0;
+        let mut b_waited = false;
         loop {
             if let Ok((who, answer)) = rx.try_recv() {
                 if who == 'B' {
@@ -1074,6 +1078,7 @@ impl Explorer {
             if waiting(&mut self.control, b_pid) {
                 still += 1;
                 if still >= 3 {
+                    b_waited = true;
                     break;
                 }
             } else {
@@ -1096,6 +1101,12 @@ impl Explorer {
             } else {
                 finished.push((b_call, Way::Autocommit, answer));
             }
+        }
+        // A session's end is seen by polling for its backend to leave, which may notice it
+        // before A's client reads its own answer; but an exit that waited for A's row
+        // lock ended after A's commit, and the history must say so.
+        if b_waited && b_call.effect == Effect::SessionEnd && finished[0].0.name == b_call.name {
+            finished.swap(0, 1);
         }
         let mut a = a_thread.join().expect("A's thread");
         let mut b = b_thread.join().expect("B's thread");
