@@ -360,3 +360,25 @@ pub fn set_ledger(cluster: &Cluster, key: &str, value: i64) {
         .collect();
     fs::write(&path, text).expect("write the ledger");
 }
+
+/// Runs the real `pg_upgrade` of the stopped cluster `old` (its binaries in `old_bin`) into
+/// the stopped, freshly made `new` (this installation's, `PG_BIN`), and with `copy_ledger`
+/// copies lockext's token ledger file in, as docs/upgrading.md's step 3 says.
+pub fn pg_upgrade(old: &Cluster, old_bin: &str, new: &Cluster, copy_ledger: bool) {
+    as_postgres(&format!(
+        "cd {dir} && {PG_BIN}/pg_upgrade -b {old_bin} -B {PG_BIN} -d {old} -D {new} \
+         -p {op} -P {np} -U postgres -s {dir}",
+        dir = new.dir.display(),
+        old = old.data().display(),
+        new = new.data().display(),
+        op = old.port,
+        np = new.port,
+    ));
+    if copy_ledger {
+        as_postgres(&format!(
+            "cp -a {}/pg_lockext {}/",
+            old.data().display(),
+            new.data().display()
+        ));
+    }
+}

@@ -44,15 +44,6 @@ fn one<T: for<'a> postgres::types::FromSql<'a>>(c: &mut Client, sql: &str) -> T 
         .get(0)
 }
 
-/// The SQLSTATE of `sql`'s error (or the error), or None when it ran.
-fn sqlstate(c: &mut Client, sql: &str) -> Option<String> {
-    c.batch_execute(sql).err().map(|e| {
-        e.code()
-            .map(|code| code.code().to_string())
-            .unwrap_or_else(|| e.to_string())
-    })
-}
-
 /// What the old cluster handed out and left behind, in database `app`.
 struct Before {
     tokens: Vec<i64>,
@@ -168,22 +159,7 @@ fn pg_upgrade_from_15_keeps_every_token_and_lease() {
             &[],
             "--data-checksums",
         );
-        as_postgres(&format!(
-            "cd {dir} && {PG_BIN}/pg_upgrade -b {old_pg_bin} -B {PG_BIN} -d {old} -D {new} \
-             -p {op} -P {np} -U postgres -s {dir}",
-            dir = new.dir.display(),
-            old = old.data().display(),
-            new = new.data().display(),
-            op = old.port,
-            np = new.port,
-        ));
-        if copy_ledger {
-            as_postgres(&format!(
-                "cp -a {}/pg_lockext {}/",
-                old.data().display(),
-                new.data().display()
-            ));
-        }
+        pg_upgrade(&old, &old_pg_bin, &new, copy_ledger);
         new.pg_ctl("start -w -t 60");
         let mut c = new.connect();
         let mut app = new.connect_to("app");
@@ -268,11 +244,9 @@ fn pg_upgrade_from_15_keeps_every_token_and_lease() {
             !one::<bool>(
                 &mut app,
                 &format!("SELECT lockext.fenced_update('res', {}, '{{}}')", live - 1),
-            ) && sqlstate(
-                &mut app,
-                &format!("SELECT lockext.fence('res', {})", live - 1),
-            )
-            .is_some(),
+            ) && app
+                .batch_execute(&format!("SELECT lockext.fence('res', {})", live - 1))
+                .is_err(),
             format!("ledger {tag}: the resource refuses a token below its mark"),
         );
         checks.check(
@@ -283,22 +257,18 @@ fn pg_upgrade_from_15_keeps_every_token_and_lease() {
             format!("ledger {tag}: and takes its holder's"),
         );
         checks.check(
-            sqlstate(
-                &mut app,
-                &format!(
-                    "UPDATE jobs SET state = 'stale', fence_token = {} WHERE id = 1",
-                    live - 1
-                ),
-            )
-            .is_some(),
+            app.batch_execute(&format!(
+                "UPDATE jobs SET state = 'stale', fence_token = {} WHERE id = 1",
+                live - 1
+            ))
+            .is_err(),
             format!("ledger {tag}: the guarded row refuses a token below its own"),
         );
         checks.check(
-            sqlstate(
-                &mut app,
-                &format!("UPDATE jobs SET state = 'running', fence_token = {live} WHERE id = 1"),
-            )
-            .is_none(),
+            app.batch_execute(&format!(
+                "UPDATE jobs SET state = 'running', fence_token = {live} WHERE id = 1"
+            ))
+            .is_ok(),
             format!("ledger {tag}: and takes its holder's"),
         );
 

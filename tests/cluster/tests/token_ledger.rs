@@ -752,22 +752,7 @@ fn pg_upgrade_keeps_every_token_below_the_next() {
     for copy_ledger in [true, false] {
         let tag = if copy_ledger { "copied" } else { "adopted" };
         let new = Cluster::init_with_env(&format!("ledger-pgup-new-{tag}"), "", &[]);
-        as_postgres(&format!(
-            "cd {dir} && {PG_BIN}/pg_upgrade -b {PG_BIN} -B {PG_BIN} -d {old} -D {new} \
-             -p {op} -P {np} -U postgres -s {dir}",
-            dir = new.dir.display(),
-            old = old.data().display(),
-            new = new.data().display(),
-            op = old.port,
-            np = new.port,
-        ));
-        if copy_ledger {
-            as_postgres(&format!(
-                "cp -a {}/pg_lockext {}/",
-                old.data().display(),
-                new.data().display()
-            ));
-        }
+        pg_upgrade(&old, PG_BIN.path(), &new, copy_ledger);
         new.pg_ctl("start -w -t 60");
         let mut c = new.connect();
         let mut app = new.connect_to("app");
