@@ -122,13 +122,17 @@ describe('acquire', () => {
   test('wait: granted when the holder releases, with a higher token', async () => {
     const lockId = newId('wait')
     const first = await lockext.acquire(URL, lockId, { ttl: 10 })
-    setTimeout(() => first.release(), 500)
+    // The release's answer and the waiter's grant come on two connections: the grant may
+    // be read first, so the release is awaited before its answer is checked.
+    let releasing
+    setTimeout(() => { releasing = first.release() }, 500)
     const t0 = Date.now()
     const second = await lockext.acquire(URL, lockId, { ttl: 10, wait: 5 })
     const waited = Date.now() - t0
     await second.release()
     assert.ok(second.token > first.token)
     assert.ok(waited > 300 && waited < 4000, `waited ${waited} ms`)
+    assert.equal(await releasing, true)
     assert.equal(first.released, true)
   })
 

@@ -108,12 +108,15 @@ class Acquire(Base):
     def test_wait_gets_the_lock_when_released(self):
         lock_id = new_id("wait")
         first = lockext.lock(URL, lock_id, ttl=10)
-        threading.Timer(0.5, first.release).start()
+        releaser = threading.Timer(0.5, first.release)
+        releaser.start()
         t0 = time.monotonic()
         with lockext.lock(URL, lock_id, ttl=10, wait=5) as second:
             waited = time.monotonic() - t0
             self.assertGreater(second.token, first.token)
         self.assertTrue(0.3 < waited < 4, waited)
+        # The waiter's grant can be read before the releasing thread reads its answer.
+        releaser.join(10)
         self.assertIs(first.released, True)
 
     def test_wait_runs_out(self):
