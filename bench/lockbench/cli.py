@@ -13,12 +13,12 @@ import socket
 import time
 
 from .charts import CHARTS
-from .cluster import Cluster, Redis, psql, psql_file
+from .cluster import Cluster, Etcd, Redis, psql, psql_file
 from .config import (HERE, PG_HOME, PG_PORT, ROOT, SOURCE_PG_BIN, TMP, Config, allow_debug, config,
                      keep_cluster, skip_epoch_requested)
 from .fills import setup_fenced, setup_heartbeat
 from .report import report
-from .runner import Runner, build_driver
+from .runner import Runner, build_driver, build_etcd_driver
 from .scale import reaper, scale
 from .shell import BenchError, log
 from .systems import EPOCH
@@ -27,7 +27,7 @@ from .workloads import skip_epoch
 DESCRIPTION = """lockext benchmarks, side by side in one run. Started by bench/run.sh.
 
 Every PostgreSQL system runs under the real pgbench (-M prepared), Redis under
-bench/redisbench.c (same shape: N connections on J threads). All systems of a workload run
+bench/redisbench.c and etcd under bench/etcdbench (same shape: N connections on J threads). All systems of a workload run
 back to back at each client count, for the same duration, against one scratch cluster and
 one Redis; everything is reported as ratios within this run."""
 
@@ -46,6 +46,7 @@ def main():
     only = set(args.only.split(",")) if args.only else None
     started = time.time()
     build_driver()
+    build_etcd_driver()
 
     log(f"scratch cluster on port {PG_PORT} in {PG_HOME}, from a copy of the PostgreSQL in "
         f"{SOURCE_PG_BIN} and its lockext")
@@ -70,9 +71,10 @@ def run_all(cfg, cluster, only, started, is_debug):
                              "leaves it out):\n" + str(e))
     psql("TRUNCATE lockext.locks")
 
-    redis_server = Redis()
+    redis_server, etcd_server = Redis(), Etcd()
     try:
         redis_server.start()
+        etcd_server.start()
         runner = Runner(cfg, redis_server)
         want = lambda w: only is None or w in only
         if want("cycle"):
@@ -97,6 +99,7 @@ def run_all(cfg, cluster, only, started, is_debug):
         lockext_version = psql("SELECT extversion FROM pg_extension WHERE extname = 'lockext'")
     finally:
         redis_server.stop()
+        etcd_server.stop()
 
     elapsed = time.time() - started
     meta = {"date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
@@ -107,6 +110,7 @@ def run_all(cfg, cluster, only, started, is_debug):
             "duration": (f"{cfg.transactions} transactions per client" if cfg.transactions
                          else f"{cfg.rounds} × {cfg.round_seconds} s"),
             "pg_version": pg_version, "redis_version": redis_server.version,
+            "etcd_version": etcd_server.version,
             "library": ("debug build" if is_debug else "release build") + f", lockext {lockext_version}",
             "elapsed_s": round(elapsed), "config": vars(cfg)}
     # Only a full run makes a report for results/; smoke and partial runs stay in tmp/.

@@ -1,8 +1,10 @@
 """The servers a run starts and talks to: the scratch PostgreSQL cluster, run from a
 snapshot of BENCH_PG_BIN's PostgreSQL and its lockext (Cluster, psql), the check that the
-snapshot's lockext is a release build, and the scratch Redis with its RESP client.
+snapshot's lockext is a release build, the scratch Redis with its RESP client, and the
+scratch etcd.
 
-Nothing here measures: the runner drives pgbench and redisbench against these servers.
+Nothing here measures: the runner drives pgbench, redisbench and etcdbench against these
+servers.
 """
 import os
 import shutil
@@ -10,7 +12,8 @@ import socket
 import subprocess
 import time
 
-from .config import PG_BIN, PG_HOME, PG_PORT, PSQL, REDIS_DIR, REDIS_PORT, SNAPSHOT, SOURCE_PG_BIN
+from .config import (ETCD_DIR, ETCD_PORT, PG_BIN, PG_HOME, PG_PORT, PSQL, REDIS_DIR, REDIS_PORT,
+                     SNAPSHOT, SOURCE_PG_BIN)
 from .shell import BenchError, log, run
 
 # Settings of the scratch cluster (ALTER SYSTEM, then a restart). No checkpoint or WAL
@@ -240,6 +243,55 @@ auto-aof-rewrite-percentage 0
             bad = [r for r in replies if r.startswith("-")]
             if bad:
                 raise BenchError(f"redis fill: {bad[0]}")
+
+
+# ---------------------------------------------------------------------------------------
+# etcd
+
+class Etcd:
+    """One etcd member on loopback, with a fresh data directory, at etcd's defaults: its WAL
+    is synced before a write is acknowledged (one sync serves every write of a batch), which
+    is the durability of lockext's default grant."""
+
+    def __init__(self):
+        self.proc = None
+        self.version = None
+
+    def start(self):
+        shutil.rmtree(ETCD_DIR, ignore_errors=True)
+        os.makedirs(ETCD_DIR)
+        for port in (ETCD_PORT, ETCD_PORT + 1):
+            if port_open(port):
+                raise BenchError(f"port {port} is taken (BENCH_ETCD_PORT chooses another pair)")
+        client, peer = f"http://127.0.0.1:{ETCD_PORT}", f"http://127.0.0.1:{ETCD_PORT + 1}"
+        self.log = open(os.path.join(ETCD_DIR, "etcd.log"), "w")
+        self.proc = subprocess.Popen(
+            ["etcd", "--name", "bench", "--data-dir", os.path.join(ETCD_DIR, "data"),
+             "--listen-client-urls", client, "--advertise-client-urls", client,
+             "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+             "--initial-cluster", "bench=" + peer],
+            stdout=self.log, stderr=subprocess.STDOUT)
+        for _ in range(200):
+            if self.proc.poll() is not None:
+                break
+            if port_open(ETCD_PORT):
+                break
+            time.sleep(0.05)
+        if self.proc.poll() is not None or not port_open(ETCD_PORT):
+            raise BenchError("etcd did not start: see " + os.path.join(ETCD_DIR, "etcd.log"))
+        out = subprocess.run(["etcd", "--version"], capture_output=True, text=True).stdout
+        self.version = out.split()[2] if out.startswith("etcd Version:") else out.strip()
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.proc:
+            self.log.close()
 
 
 def port_open(port):

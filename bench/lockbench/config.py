@@ -9,7 +9,7 @@ import os
 
 from .shell import BenchError
 
-# bench/, the package's parent: the SQL scripts, setup.sql and redisbench.c live there.
+# bench/, the package's parent: the SQL scripts, setup.sql, redisbench.c and etcdbench/ live there.
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ROOT = os.path.dirname(HERE)
 # The PostgreSQL (with lockext installed) that a run copies and starts: Debian's by
@@ -25,9 +25,17 @@ PGBENCH = os.path.join(PG_BIN, "pgbench")
 PSQL = os.path.join(PG_BIN, "psql")
 REDIS_PORT = int(os.environ.get("BENCH_REDIS_PORT", "6399"))
 REDIS_DIR = os.path.join(PG_HOME, "redis")
+# etcd listens for clients on ETCD_PORT and for (no) peers on the next port.
+ETCD_PORT = int(os.environ.get("BENCH_ETCD_PORT", "2399"))
+ETCD_DIR = os.path.join(PG_HOME, "etcd")
 TMP = os.path.join(HERE, "tmp")
 SCRIPTS = os.path.join(HERE, "pgbench")
 DRIVER = os.path.join(TMP, "redisbench")
+# bench/etcdbench (Rust, etcd's own gRPC API through the etcd-client crate), built into
+# TMP so that a second run reuses the build.
+ETCD_SOURCE = os.path.join(HERE, "etcdbench")
+ETCD_TARGET = os.path.join(TMP, "etcdbench-target")
+ETCD_DRIVER = os.path.join(ETCD_TARGET, "release", "etcdbench")
 
 
 class Config:

@@ -9,7 +9,7 @@ run's JSON writes the same report again.
 import math
 
 from .cluster import PG_SETTINGS
-from .config import PG_PORT, REDIS_PORT
+from .config import ETCD_PORT, PG_PORT, REDIS_PORT
 from .systems import SYSTEM_NOTES, SYSTEMS
 from .workloads import (COUNTED, REFERENCE_HEADS, SAME_COMMIT, TARGETS, UNITS, find, floor_of,
                         target_reference)
@@ -53,6 +53,7 @@ def report(cfg, results, meta, chart_names):
              f"a workload one after the other, in rounds (the order reversed every other round), "
              f"so that drift in the machine hits them alike. PostgreSQL {meta['pg_version']} under pgbench -M prepared "
              f"(-j 2 from 2 clients); Redis {meta['redis_version']} under bench/redisbench.c "
+             f"and etcd {meta.get('etcd_version', '?')} under bench/etcdbench "
              f"(same shape). lockext.so: {meta['library']}.")
     L.append("")
     L += target_summary(cfg, results)
@@ -150,8 +151,12 @@ def report(cfg, results, meta, chart_names):
                  PG_PORT, ", ".join(f"{k} = {v}" for k, v in PG_SETTINGS.items())))
     L.append(f"- Redis: `redis-server` on 127.0.0.1:{REDIS_PORT}, appendonly yes, save \"\", "
              "auto-aof-rewrite off; `CONFIG SET appendfsync always|everysec` before each run.")
+    L.append(f"- etcd: one member on 127.0.0.1:{ETCD_PORT}, a fresh data directory, every other "
+             "setting etcd's default (its WAL synced before a write is answered); "
+             "`bench/etcdbench` (Rust, the `etcd-client` crate: etcd's gRPC API), a connection "
+             "per client on a runtime of min(clients, 2) threads.")
     L.append("- Scripts: `bench/pgbench/*.sql` (one per system and workload), `bench/setup.sql` "
-             "(the other systems' schemas), `bench/redisbench.c`. Fills of 10k-1M leases are written "
+             "(the other systems' schemas), `bench/redisbench.c`, `bench/etcdbench/`. Fills of 10k-1M leases are written "
              "straight into `lockext.locks` by the superuser; the heartbeat's leases are real grants.")
     L.append("")
     return "\n".join(L) + "\n"

@@ -1,5 +1,6 @@
 """Driving the measured clients and turning their output into result rows: pgbench
-(-M prepared, per-transaction logs, statement latencies), bench/redisbench.c, the WAL and
+(-M prepared, per-transaction logs, statement latencies), bench/redisbench.c,
+bench/etcdbench (both print the same JSON), the WAL and
 hand-off counters around each run, and the rounds of one point, with the order of the
 systems reversed every other round so that drift in the machine hits them all alike.
 
@@ -15,7 +16,8 @@ import subprocess
 import time
 
 from .cluster import Cluster, psql
-from .config import DRIVER, HERE, PG_PORT, PGBENCH, REDIS_PORT, SCRIPTS, TMP
+from .config import (DRIVER, ETCD_DRIVER, ETCD_PORT, ETCD_SOURCE, ETCD_TARGET, HERE, PG_PORT, PGBENCH,
+                     REDIS_PORT, SCRIPTS, TMP)
 from .shell import BenchError, log, run
 from .systems import SYSTEMS, script_variables
 from .workloads import COUNTED, WORKLOADS
@@ -28,6 +30,16 @@ def build_driver():
     if not cc:
         raise BenchError("no C compiler (cc, gcc or clang) to build bench/redisbench.c")
     run([cc, "-O2", "-Wall", "-Wextra", "-Werror", "-pthread", "-o", DRIVER, src])
+
+
+def build_etcd_driver():
+    """bench/etcdbench with cargo (its Cargo.lock pins every crate; protoc compiles etcd's
+    .proto files): about 2 minutes the first time, nothing after."""
+    if not shutil.which("cargo") or not shutil.which("protoc"):
+        raise BenchError("etcdbench needs cargo and protoc (run scripts/bootstrap.sh)")
+    log("building bench/etcdbench (cargo, once)")
+    run(["cargo", "build", "--release", "--locked", "--quiet", "--manifest-path",
+         os.path.join(ETCD_SOURCE, "Cargo.toml"), "--target-dir", ETCD_TARGET])
 
 
 def percentile(sorted_values, q):
@@ -147,11 +159,28 @@ class Runner:
         os.remove(latfile)
         return r
 
+    def etcd_bench(self, mode, lease, clients, keys):
+        cmd = [ETCD_DRIVER, "-w", mode, "-m", lease, "-c", str(clients), "-j",
+               str(min(clients, 2)), "-p", str(ETCD_PORT), "-k", str(keys), "-x", "30"]
+        cmd += ["-T", str(self.cfg.round_seconds)] if self.cfg.transactions is None else \
+            ["-t", str(self.cfg.transactions)]
+        latfile = os.path.join(TMP, "etcd-latencies")
+        cmd += ["-l", latfile]
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=self.cfg.round_seconds + 120)
+        if p.returncode != 0:
+            raise BenchError(f"etcdbench {mode} {lease} ({clients} clients) failed:\n{p.stdout}\n{p.stderr}")
+        r = json.loads(p.stdout)
+        with open(latfile) as f:
+            r["lat"] = [float(x) for x in f]
+        os.remove(latfile)
+        return r
+
     def run_once(self, workload, target, options, clients, keys, db="postgres", system=None):
         """One run of one system: raw counts, latencies (us), WAL deltas."""
         seconds = None if self.cfg.transactions else self.cfg.round_seconds
         if isinstance(target, tuple):
-            r = self.redis_bench(target[1], target[2], clients, keys)
+            bench = self.redis_bench if target[0] == "redis" else self.etcd_bench
+            r = bench(target[1], target[2], clients, keys)
             ops = r["ok"] if workload in COUNTED else r["transactions"]
             return {"n": r["transactions"], "elapsed": r["seconds"], "ops": ops, "lat": r["lat"],
                     "counts": r["per_client_ok"], "wal": None, "statements": []}

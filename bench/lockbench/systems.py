@@ -1,7 +1,7 @@
 """The systems a run compares: lockext in its modes (default durability, client-side
 asynchronous release, epoch mode, waiting in its queue, shared, semaphores), the article's
 design, the floors (what the cheapest table would cost for the same work), advisory
-locks, bare UPDATEs and Redis. Each has a label, a colour for the charts, how it commits,
+locks, bare UPDATEs, Redis and etcd. Each has a label, a colour for the charts, how it commits,
 and the paragraph of the report that says what it runs.
 
 A system is a name here; which pgbench script it runs in which workload is workloads.py's.
@@ -28,6 +28,8 @@ SYSTEMS = {
     "bare_indexed_async": ("bare UPDATE, expires_at indexed, async", "#d0d7de", "async"),
     "redis_always": ("Redis, appendfsync always", "#bf8700", "sync"),
     "redis_everysec": ("Redis, appendfsync everysec", "#f2cc60", "async"),
+    "etcd": ("etcd, lock recipe (a lease per grant)", "#6639ba", "sync"),
+    "etcd_session": ("etcd, lock recipe on a session lease", "#a475f9", "sync"),
     "lockext_shared": ("lockext, shared, one id", "#1f6feb", "sync"),
     "lockext_shared_epoch": ("lockext, shared, one id, epoch mode", "#0a3069", "async"),
     "lockext_exclusive": ("lockext, exclusive, random ids", "#1b7c83", "sync"),
@@ -76,6 +78,16 @@ SYSTEM_NOTES = [
                      "(`EVAL`); renew = Lua compare-and-`PEXPIRE`; fenced write = Lua "
                      "compare-and-set on a hash; AOF with `appendfsync always` (durable)."),
     ("redis_everysec", "the same with `appendfsync everysec` (up to a second of writes lost in a crash)."),
+    ("etcd", "one etcd member at its defaults (its WAL synced before a write is answered), driven "
+             "by `bench/etcdbench` over etcd's gRPC API, a connection per client: etcd's lock "
+             "recipe with a lease per grant, as a lockext acquire has a TTL per grant: "
+             "`LeaseGrant(30 s)`, a transaction that puts the key with that lease if its "
+             "`create_revision` is 0 (the key's create revision is the fencing token), then the "
+             "release: a transaction that deletes the key if it still carries the lease, and "
+             "`LeaseRevoke`. Four writes through etcd's Raft log per cycle, each durable."),
+    ("etcd_session", "the same recipe on one lease per client, granted at its start, the way "
+                     "etcd's `concurrency.Session` does: the cycle is the put-if-absent and the "
+                     "delete, two durable writes (a lease no longer says how long one grant lives)."),
     ("lockext_shared", "`lockext.lock_acquire('shared-hot', ..., mode => 'shared')` then "
                        "`lockext.lock_release` with the token, every client on the one id (each "
                        "reader a lease and a token of its own), default settings. No one takes the "

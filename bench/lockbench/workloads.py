@@ -11,9 +11,13 @@ from collections import namedtuple
 from .shell import log
 from .systems import ARTICLE, EPOCH
 
-# workload -> [(system, pgbench script or ("redis", mode), PGOPTIONS)]
+# workload -> [(system, pgbench script, ("redis", mode, fsync) or ("etcd", mode, lease), PGOPTIONS)]
 def redis(mode, fsync):
     return ("redis", mode, fsync)
+
+
+def etcd(mode, lease):
+    return ("etcd", mode, lease)
 
 
 WORKLOADS = {
@@ -27,6 +31,8 @@ WORKLOADS = {
         ("floor_async", "cycle_floor_async", ""),
         ("redis_always", redis("cycle", "always"), ""),
         ("redis_everysec", redis("cycle", "everysec"), ""),
+        ("etcd", etcd("cycle", "per-cycle"), ""),
+        ("etcd_session", etcd("cycle", "session"), ""),
     ],
     "contended": [
         ("lockext", "contended_lockext", ""),
@@ -39,6 +45,8 @@ WORKLOADS = {
         ("floor_async", "contended_floor_async", ""),
         ("redis_always", redis("contended", "always"), ""),
         ("redis_everysec", redis("contended", "everysec"), ""),
+        ("etcd", etcd("contended", "per-cycle"), ""),
+        ("etcd_session", etcd("contended", "session"), ""),
     ],
     "heartbeat": [
         ("lockext", "renew_lockext", ""),
@@ -102,6 +110,8 @@ SAME_COMMIT = "same_commit"
 TARGETS = [
     Target("cycle, default durability", "cycle", "lockext", "floor", "tps", 0.9, None),
     Target("cycle, epoch mode", "cycle", "lockext_epoch", "floor_async", "tps", 0.8, None),
+    Target("cycle, default durability / etcd's lock recipe", "cycle", "lockext", "etcd", "tps",
+           2.0, None),
     Target("fenced writes, default durability", "fenced", "lockext", "article", "tps", 1.0, None),
     Target("fenced writes, epoch mode", "fenced", "lockext_epoch", "article", "tps", 1.0, None),
     Target("heartbeat (renew), default durability", "heartbeat", "lockext", SAME_COMMIT, "tps",
