@@ -71,3 +71,15 @@ CREATE FUNCTION bench.refused(what text) RETURNS void LANGUAGE plpgsql AS $$
 BEGIN
   RAISE EXCEPTION 'bench: % was refused', what;
 END $$;
+
+-- The fenced workload's guarded rows: the same table twice, one guarded by lockext's
+-- fence_guard trigger, one not, so that the trigger's cost is the difference.
+CREATE SCHEMA guarded;
+CREATE TABLE guarded.rows (
+  id          int PRIMARY KEY,
+  n           bigint NOT NULL,
+  fence_token bigint NOT NULL
+);
+CREATE TRIGGER rows_fence BEFORE INSERT OR UPDATE OR DELETE ON guarded.rows
+  FOR EACH ROW EXECUTE FUNCTION lockext.fence_guard('fence_token');
+CREATE TABLE guarded.plain (LIKE guarded.rows INCLUDING ALL);

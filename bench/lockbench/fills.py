@@ -49,6 +49,9 @@ def setup_fenced(runner, keys):
              f"FROM generate_series(1, {keys}) g")
         psql(f"INSERT INTO article.protected_resources SELECT 'res:' || g, {tok}, '{{\"n\": 0}}' "
              f"FROM generate_series(1, {keys}) g")
+        psql("TRUNCATE guarded.rows, guarded.plain")
+        for table in ("guarded.rows", "guarded.plain"):
+            psql(f"INSERT INTO {table} SELECT g, 0, {tok} FROM generate_series(1, {keys}) g")
         psql("VACUUM ANALYZE")
         runner.redis.fill([("HSET", f"res:{i}", "t", 1000, "d", '{"n": 0}') for i in range(1, keys + 1)])
     return setup

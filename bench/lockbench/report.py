@@ -167,9 +167,11 @@ def target_summary(cfg, results):
     of the run, from the run's own rows."""
     L = ["## Performance targets", ""]
     L.append("Each target is a ratio within this run, at the same client count: the lockext "
-             "system's throughput over its reference's (WAL: the lockext system's WAL records "
-             "per cycle minus its reference's). *not run*: the run left the workload (or the "
-             "system) out; *no pair*: no workload measures it.")
+             "system's throughput over its reference's (p99: its 99th percentile latency over "
+             "the reference's; WAL: the lockext system's WAL records per cycle minus its "
+             "reference's). Beside each throughput, *p99* gives the same pair's p99 ratio (below "
+             "1 is better). *not run*: the run left the workload (or the system) out; *no "
+             "pair*: no workload measures it.")
     L.append("")
     heads = [f"{c} client{'s' if c > 1 else ''}" for c in cfg.clients]
     L.append("| target | system | against | goal | " + " | ".join(heads) + " |")
@@ -177,6 +179,8 @@ def target_summary(cfg, results):
     for t in TARGETS:
         if t.metric == "tps":
             goal = f"≥ {t.goal:g}×"
+        elif t.metric == "p99":
+            goal = f"≤ {t.goal:g}×"
         else:
             goal = f"≤ +{t.goal:g}"
         if t.system is None:
@@ -195,6 +199,10 @@ def target_summary(cfg, results):
                 value = row["tps"] / ref["tps"]
                 ok = value >= t.goal
                 text = f"{precise(value, t.goal, ok)}×"
+            elif t.metric == "p99":
+                value = row["p99"] / ref["p99"]
+                ok = value <= t.goal
+                text = f"{precise(value, t.goal, ok)}×"
             else:
                 if row.get(t.metric) is None or ref.get(t.metric) is None:
                     cells.append("—")
@@ -202,7 +210,10 @@ def target_summary(cfg, results):
                 value = row[t.metric] - ref[t.metric]
                 ok = value <= t.goal
                 text = precise(value, t.goal, ok, "+")
-            cells.append(f"{text} met" if ok else f"{text} **missed**")
+            cell = f"{text} met" if ok else f"{text} **missed**"
+            if t.metric == "tps":
+                cell += f" · p99 {ratio(row['p99'], ref['p99'])}"
+            cells.append(cell)
         if t.reference == SAME_COMMIT:
             against = "bare UPDATE committed the same way"
             if refs:

@@ -286,6 +286,10 @@ class Runner:
                            "(SELECT count(*) FROM article.protected_resources WHERE data = '{\"n\": 1}')")
             if "0" in written.split("|"):
                 raise BenchError(f"fenced writes wrote nothing (lockext|article): {written}")
+            guarded = psql("SELECT (SELECT count(*) FROM guarded.rows WHERE n > 0), "
+                           "(SELECT count(*) FROM guarded.plain WHERE n > 0)")
+            if "0" in guarded.split("|"):
+                raise BenchError(f"guarded writes wrote nothing (guarded|unguarded): {guarded}")
         if name in ("shared", "semaphore"):
             left = psql("SELECT (SELECT count(*) FROM lockext.holders WHERE lock_id IN "
                         "('shared-hot', 'sem:4', 'sem:16', 'hot')), "

@@ -28,6 +28,9 @@ SYSTEMS = {
     "bare_indexed_async": ("bare UPDATE, expires_at indexed, async", "#d0d7de", "async"),
     "redis_always": ("Redis, appendfsync always", "#bf8700", "sync"),
     "redis_everysec": ("Redis, appendfsync everysec", "#f2cc60", "async"),
+    "lockext_guarded": ("lockext fence_guard, token in SET", "#1b7c83", "sync"),
+    "lockext_guarded_declared": ("lockext fence_guard, token declared", "#54aeff", "sync"),
+    "unguarded": ("the same UPDATE, unguarded", "#57606a", "sync"),
     "etcd": ("etcd, lock recipe (a lease per grant)", "#6639ba", "sync"),
     "etcd_session": ("etcd, lock recipe on a session lease", "#a475f9", "sync"),
     "lockext_shared": ("lockext, shared, one id", "#1f6feb", "sync"),
@@ -78,6 +81,14 @@ SYSTEM_NOTES = [
                      "(`EVAL`); renew = Lua compare-and-`PEXPIRE`; fenced write = Lua "
                      "compare-and-set on a hash; AOF with `appendfsync always` (durable)."),
     ("redis_everysec", "the same with `appendfsync everysec` (up to a second of writes lost in a crash)."),
+    ("lockext_guarded", "fenced workload: `UPDATE guarded.rows SET n = n + 1, fence_token = :tok "
+                        "WHERE id = :id` on a table of as many rows as the workload's resources, guarded by `lockext.fence_guard("
+                        "'fence_token')` (the token in the SET list), durable."),
+    ("lockext_guarded_declared", "the same table: `BEGIN; SELECT lockext.declare_token(:tok); "
+                                 "UPDATE guarded.rows SET n = n + 1 WHERE id = :id; COMMIT` (the "
+                                 "token column left out, the token declared)."),
+    ("unguarded", "the guarded rows' reference: the same `UPDATE ... SET n = n + 1, fence_token = "
+                  ":tok` of the same table without the trigger."),
     ("etcd", "one etcd member at its defaults (its WAL synced before a write is answered), driven "
              "by `bench/etcdbench` over etcd's gRPC API, a connection per client: etcd's lock "
              "recipe with a lease per grant, as a lockext acquire has a TTL per grant: "

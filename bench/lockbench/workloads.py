@@ -65,6 +65,9 @@ WORKLOADS = {
         ("article", "fenced_article", ARTICLE),
         ("redis_always", redis("fenced", "always"), ""),
         ("redis_everysec", redis("fenced", "everysec"), ""),
+        ("lockext_guarded", "fenced_guarded", ""),
+        ("lockext_guarded_declared", "fenced_guarded_declared", ""),
+        ("unguarded", "fenced_unguarded", ""),
     ],
     "shared": [
         ("lockext_shared", "shared_lockext", ""),
@@ -101,7 +104,8 @@ UNITS = {"cycle": "cycles/s", "contended": "hand-offs/s", "heartbeat": "renewals
 
 # The project's performance targets, each a ratio of two systems of one workload at the
 # same client count within one run. metric "tps": the system's throughput over the
-# reference's, at least goal; "wal_records": the system's WAL records per operation minus
+# reference's, at least goal; "p99": the system's 99th percentile latency over the
+# reference's, at most goal; "wal_records": the system's WAL records per operation minus
 # the reference's, at most goal. reference SAME_COMMIT is the heartbeat's bare UPDATE
 # committed the way the row commits (floor_of). A target with system None has no pair in
 # the workloads; missing says why.
@@ -114,6 +118,10 @@ TARGETS = [
            2.0, None),
     Target("fenced writes, default durability", "fenced", "lockext", "article", "tps", 1.0, None),
     Target("fenced writes, epoch mode", "fenced", "lockext_epoch", "article", "tps", 1.0, None),
+    Target("guarded UPDATE, token in SET", "fenced", "lockext_guarded", "unguarded", "tps", 0.8,
+           None),
+    Target("guarded UPDATE, token declared", "fenced", "lockext_guarded_declared", "unguarded",
+           "tps", 0.8, None),
     Target("heartbeat (renew), default durability", "heartbeat", "lockext", SAME_COMMIT, "tps",
            0.9, None),
     Target("heartbeat (renew), client commits the renewal async", "heartbeat", "lockext_async",
@@ -124,6 +132,9 @@ TARGETS = [
            "floor_shared", "tps", 0.7, None),
     Target("shared lease on one id, epoch mode", "shared", "lockext_shared_epoch",
            "floor_shared_async", "tps", 0.7, None),
+    Target("p99 of a cycle, default durability", "cycle", "lockext", "floor", "p99", 1.5, None),
+    Target("p99 of a cycle, epoch mode", "cycle", "lockext_epoch", "floor_async", "p99", 1.5,
+           None),
     Target("WAL records per cycle, default durability", "cycle", "lockext", "floor",
            "wal_records", 1.0, None),
     Target("WAL records per cycle, epoch mode", "cycle", "lockext_epoch", "floor_async",
