@@ -83,7 +83,7 @@ else
 	LOCKEXT_HOME=$(RUN_HOME) bash scripts/cluster.sh stop
 endif
 
-# Every test, on every version, split to fit CI's time (README, first screen): 15, the oldest,
+# Every test, on every version, split to fit CI's time (README, "Running it here"): 15, the oldest,
 # and 18, the newest, run everything (the schedule explorer's sample half on each, and the
 # benchmarks' smoke run on 15); 16 and 17 the unit tests and the SQL and concurrency specs.
 # pg_upgrade.rs (on 18) upgrades a cluster of 15 with this build: PyPI's 15, the one 18's
@@ -102,9 +102,13 @@ test: bootstrap
 	$(MAKE) deploy-test PG=18
 
 # Formatting (rustfmt.toml) and clippy's warnings, as errors, for the extension's code and
-# the cluster tests' (their checkers and fault clients are code a failure is read through).
+# the cluster tests' (their checkers and fault clients are code a failure is read through);
+# before them, the import graph against ARCHITECTURE.md's table and map, the Markdown's
+# relative links and anchors, and that both of those checkers fail on a wrong table or link.
 lint:
 	python3 scripts/check_imports.py
+	python3 scripts/check_links.py
+	bash scripts/test_checkers.sh
 	cargo fmt --all --check
 	cargo clippy --release --all-targets -p lockext -- -D warnings
 	cargo clippy --release --all-targets -p lockext --no-default-features --features pg18 -- -D warnings

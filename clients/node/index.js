@@ -27,8 +27,8 @@ class ReadOnlyServer extends LockextError {}
 class PermissionDenied extends LockextError {}
 class NotSupported extends LockextError {}
 
-// README's Errors section, where a distinct class helps the caller decide; other errors
-// (connection failures, other SQLSTATEs) stay pg's.
+// lockext's errors (docs/errors.md in its repository), where a distinct class helps the
+// caller decide; other errors (connection failures, other SQLSTATEs) stay pg's.
 const BY_SQLSTATE = {
   '55L01': StaleToken,
   22023: InvalidArgument,

@@ -449,7 +449,7 @@ class Election(Base):
 
 
 # As a superuser, a row as a dump from another cluster (system identifier 1) in era 1
-# would bring: the next grant adopts it (README, "Backup and failover").
+# would bring: the next grant adopts it (docs/failover.md).
 ADOPT_ERA_1 = """
 INSERT INTO lockext.token_epoch AS t (singleton, epoch, layout, system_identifier, timeline, database, raised_at)
 SELECT true, 1, 2, 1, 1, oid, now() FROM pg_database WHERE datname = current_database()
@@ -458,7 +458,7 @@ ON CONFLICT (singleton) DO UPDATE SET system_identifier = 1, layout = 2, epoch =
 
 
 class BigTokens(unittest.TestCase):
-    """Tokens carry an era in their high bits (README, Tokens). A database whose epoch row
+    """Tokens carry an era in their high bits (docs/tokens.md). A database whose epoch row
     says it came from another cluster in era 1 makes the cluster adopt that history: its
     era goes above it, so tokens are above 2^41."""
 

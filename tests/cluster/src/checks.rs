@@ -1,13 +1,13 @@
 //! The token checks that client tests share: each check is printed, and a test fails at
 //! its end with every check that did not hold, so one run shows them all. Also what they
-//! grant with, and how a token is taken apart (README, "Tokens").
+//! grant with, and how a token is taken apart (docs/tokens.md).
 
 use crate::Client;
 
 /// 2^53 - 1, the highest token a client may see.
 pub const MAX_TOKEN: i64 = (1 << 53) - 1;
 
-/// A token of the safe layout is a 12-bit era over a 41-bit counter (README, "Tokens").
+/// A token of the safe layout is a 12-bit era over a 41-bit counter (docs/tokens.md).
 pub const ERA_SHIFT: u32 = 41;
 
 /// 0.2.0's layout: a 20-bit epoch over a 43-bit counter.

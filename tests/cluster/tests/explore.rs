@@ -396,7 +396,7 @@ struct History {
     sessions_ok: bool,
 }
 
-/// SQLSTATEs a caller may get from lockext in these schedules (README, Errors): a lease
+/// SQLSTATEs a caller may get from lockext in these schedules (docs/errors.md): a lease
 /// lost or a token stale (55L01), a keep-alive not live (55000), a call refused in
 /// REPEATABLE READ (0A000).
 const EXPECTED_ERRORS: &[&str] = &["55L01", "55000", "0A000"];
@@ -455,8 +455,8 @@ fn check(h: &History) -> Vec<String> {
             }
             Effect::Renew => {
                 // A refusal is safe (the holder stops); a live holder's renewal may be
-                // refused while another call of its own keeps the row locked (README,
-                // lock_renew: after 100 ms the answer stands).
+                // refused while another call of its own keeps the row locked
+                // (docs/sql-reference.md, lock_renew: after 100 ms the answer stands).
                 if h.state == State::Expiring {
                     holder_believes = matches!(answer, Answer::Value(Some(_)));
                 }
@@ -468,8 +468,9 @@ fn check(h: &History) -> Vec<String> {
                 }
             }
             Effect::SessionEnd => {
-                // The session is gone: nobody believes in its lease, and README promises
-                // that its backend ended the lease on its way out.
+                // The session is gone: nobody believes in its lease, and
+                // docs/sql-reference.md ("Session-bound leases") promises that its backend
+                // ended the lease on its way out.
                 if matches!(answer, Answer::Value(Some(_))) {
                     released = Some(call.name);
                     holder_believes = false;

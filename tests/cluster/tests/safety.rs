@@ -11,7 +11,7 @@ use std::time::Duration;
 use lockext_cluster_tests::crash::crash_and_restart;
 use lockext_cluster_tests::*;
 
-/// A token is an era over a 41-bit counter, and at most 2^53 - 1 (README, "Tokens").
+/// A token is an era over a 41-bit counter, and at most 2^53 - 1 (docs/tokens.md).
 const ERA_SHIFT: u32 = 41;
 const MAX_SAFE_TOKEN: i64 = (1 << 53) - 1;
 
@@ -299,7 +299,7 @@ fn dump_and_restore_bring_back_leases_marks_and_rising_tokens() {
     assert!(!stale, "and still rejects older tokens");
     let after = acquire(&mut r, "fresh", "client").unwrap();
     println!("dump/restore: highest token before {highest_before}, first after {after}");
-    // Restored into the same cluster, it counts on the cluster's counter (README, "Tokens"):
+    // Restored into the same cluster, it counts on the cluster's counter (docs/tokens.md):
     // above every token the dump holds, and every token the cluster handed out.
     assert!(after > highest_before);
     assert!(after <= MAX_SAFE_TOKEN);

@@ -5,7 +5,7 @@
 SELECT lock_id, owner, fence_token, expires_at - acquired_at AS lease
   FROM lockext.lock_acquire('orders', 'worker-1@host-a:4242', '30 seconds');
 
--- A token is an era over a counter (see README, "Tokens"): layout 2 (every token below
+-- A token is an era over a counter (see docs/tokens.md): layout 2 (every token below
 -- 2^53), era 0 (a fresh cluster on its first timeline), and the counter's first value.
 SELECT layout, era, counter
   FROM lockext.locks, lockext.token_parts(fence_token) WHERE lock_id = 'orders';

@@ -54,7 +54,8 @@ class NotSupported(Error):
     """0A000: e.g. session_bound where lockext.session_leases is off (behind PgBouncer)."""
 
 
-# README's Errors section, where a distinct exception helps the caller decide what to do.
+# lockext's errors (docs/errors.md in its repository), where a distinct exception helps the
+# caller decide what to do.
 # Other SQLSTATEs (and connection failures) stay psycopg's own exceptions.
 _BY_SQLSTATE = {
     "55L01": StaleToken,

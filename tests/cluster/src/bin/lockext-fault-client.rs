@@ -394,7 +394,8 @@ fn worker(s: &mut Session, rng: &mut Rng) {
         let lock = s.cfg.locks[rng.below(s.cfg.locks.len() as u64) as usize].clone();
         let owner = format!("{}-{n}", s.cfg.id);
         let grant = match s.acquire(&lock, &owner, ttl) {
-            // The reply was lost: retry with the same owner, as README says clients should.
+            // The reply was lost: retry with the same owner, as docs/sql-reference.md
+            // (lock_acquire) says clients should.
             None => match s.acquire(&lock, &owner, ttl) {
                 Some(Some(g)) => g,
                 _ => continue,
