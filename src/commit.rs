@@ -17,6 +17,7 @@ use pgrx::pg_sys;
 use pgrx::{register_xact_callback, PgXactCallbackEvent};
 
 use crate::backend;
+use crate::settings::{self, Durability};
 
 thread_local! {
     /// (local transaction id, end of WAL written by this transaction right after lockext's
@@ -46,6 +47,14 @@ fn wal_end() -> u64 {
 pub fn require_flush() {
     MINTED_IN.with(|m| m.set(local_xact()));
     check_at_commit();
+}
+
+/// The commit step of a call that minted a token (a grant's, or a keep-alive's id): under
+/// `lockext.durability = grant` its transaction's commit is flushed (`require_flush`).
+pub fn after_minting() {
+    if settings::durability() == Durability::Grant {
+        require_flush();
+    }
 }
 
 /// Call before a renew or release writes: whether the transaction has, so far, written

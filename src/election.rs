@@ -39,7 +39,7 @@ use pgrx::spi::SpiClient;
 use crate::backend;
 use crate::caller;
 use crate::error::{self, LockError, OrReport};
-use crate::grant::Request;
+use crate::kind::Request;
 use crate::lease;
 use crate::settings;
 use crate::statements::Statement;

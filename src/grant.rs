@@ -1,10 +1,10 @@
-//! Granting a lease, whatever its kind: what an acquire asks for (`Request`, `Kind`), the
-//! parameters its statements share (`ACQUIRE_PARAMS`, `Args`), and the steps every kind
-//! takes once it is past its gate and its look: the deletion of dead leases of another
-//! kind (`clear_dead`), the extension of the caller's own live lease (`extend_own`), and
-//! the grant itself (`take`: a token minted, the row taken over or inserted), ending in a
-//! `Granted`. `lease.rs` (exclusive leases) and `shared.rs` (shared leases and permits)
-//! use these; neither uses the other's statements.
+//! Granting a lease, whatever its kind: the parameters every acquire statement shares
+//! (`Params`, `Attachments`, `ACQUIRE_PARAMS`), the look (`look_at`: the leases of the lock
+//! id, as `Seen`), and the store step that carries out a kind's decision (`Plan`): the
+//! deletion of dead leases of another kind (`clear_dead`), the caller's own live lease
+//! extended (`extend_own`), or the grant itself (`take`: a token minted, the row taken over
+//! or inserted), ending in a `Granted`. Kinds (`kind/`) decide; this module stores, the same
+//! way for each, and knows no kind.
 
 use std::time::Duration;
 
@@ -13,10 +13,8 @@ use pgrx::pg_sys::{self, BuiltinOid::*};
 use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
 
-use crate::backend;
-use crate::error::{self, LockError};
-use crate::session;
-use crate::settings;
+use crate::claims;
+use crate::error::LockError;
 use crate::statements::{first_value, Statement};
 use crate::text::{Text, TextBuf};
 use crate::token;
@@ -25,7 +23,8 @@ use crate::xact;
 pub type Grant = pgrx::composite_type!('static, "lock_grant");
 
 /// The parameters of every acquire statement, by name; `datums` lays them out as the
-/// statements number them (`ACQUIRE_PARAMS`).
+/// statements number them (`ACQUIRE_PARAMS`), with the attachments ($8, $11) of the store
+/// step's statements only (`store_datums`).
 pub struct Params<'a> {
     /// $1, $2: the lock id and the caller's owner name.
     pub lock_id: Text<'a>,
@@ -41,17 +40,32 @@ pub struct Params<'a> {
     pub token: Option<i64>,
     /// $7: the new grant's lock-delay.
     pub lock_delay: Interval,
-    /// $8: the session the lease is bound to (`session::this_session`), or none.
-    pub session: Option<TimestampWithTimeZone>,
     /// $9, $10: a semaphore's permits, and the slot its taker claimed (shared_leases only).
     pub permits: Option<i32>,
     pub slot: Option<i32>,
-    /// $11: the keep-alive the lease is attached to (`keepalive.rs`), or none.
+}
+
+/// What a lease is attached to besides its lock id, given to the statements that store it
+/// (an extension, a take-over, an insert): $8, the session it ends with, and $11, the
+/// keep-alive that renews it. Every other statement sees them NULL, and reads neither.
+#[derive(Clone, Copy)]
+pub struct Attachments {
+    /// The session the lease is bound to (`session::this_session`), or none.
+    pub session: Option<TimestampWithTimeZone>,
+    /// The keep-alive the lease is attached to (`keepalive.rs`), or none.
     pub keepalive: Option<i64>,
 }
 
+impl Attachments {
+    pub const NONE: Attachments = Attachments {
+        session: None,
+        keepalive: None,
+    };
+}
+
 impl Params<'_> {
-    pub fn datums(&self) -> [DatumWithOid<'_>; 11] {
+    /// The eleven parameters of an acquire statement, the one place they are laid out.
+    fn layout<'p>(&'p self, attached: &Attachments) -> [DatumWithOid<'p>; 11] {
         [
             self.lock_id.into(),
             self.owner.into(),
@@ -60,11 +74,21 @@ impl Params<'_> {
             self.now.into(),
             self.token.into(),
             self.lock_delay.into(),
-            self.session.into(),
+            attached.session.into(),
             self.permits.into(),
             self.slot.into(),
-            self.keepalive.into(),
+            attached.keepalive.into(),
         ]
+    }
+
+    /// For a statement that reads (the look, a clearing): no attachments.
+    pub fn datums(&self) -> [DatumWithOid<'_>; 11] {
+        self.layout(&Attachments::NONE)
+    }
+
+    /// For a statement of the store step, which writes the attachments into the lease.
+    pub fn store_datums(&self, attached: &Attachments) -> [DatumWithOid<'_>; 11] {
+        self.layout(attached)
     }
 
     /// The call's clock in PostgreSQL's microseconds.
@@ -89,47 +113,11 @@ pub(crate) const ACQUIRE_PARAMS: &[pg_sys::PgBuiltInOids] = &[
 
 /// A deletion of the dead leases of another kind (or slot) that a grant needs out of its
 /// way (`clear`), and the check that none of them is left (`left`, read under the newest
-/// snapshot once `clear` ran).
+/// snapshot once `clear` ran). Each kind has the ones it needs.
 pub struct ClearDead {
-    clear: Statement,
-    left: Statement,
+    pub clear: Statement,
+    pub left: Statement,
 }
-
-/// Before an exclusive grant: every dead shared lease and permit of the lock id.
-pub static CLEAR_DEAD_SHARED: ClearDead = ClearDead {
-    clear: Statement {
-        sql: include_str!("../sql/run/grant/clear_dead_shared.sql"),
-        params: ACQUIRE_PARAMS,
-    },
-    left: Statement {
-        sql: include_str!("../sql/run/grant/left_shared.sql"),
-        params: ACQUIRE_PARAMS,
-    },
-};
-
-/// Before a shared lease or a permit: the dead exclusive lease of the lock id.
-pub static CLEAR_DEAD_EXCLUSIVE: ClearDead = ClearDead {
-    clear: Statement {
-        sql: include_str!("../sql/run/grant/clear_dead_exclusive.sql"),
-        params: ACQUIRE_PARAMS,
-    },
-    left: Statement {
-        sql: include_str!("../sql/run/grant/left_exclusive.sql"),
-        params: ACQUIRE_PARAMS,
-    },
-};
-
-/// Before a permit in slot $10: the dead permits of others in that slot.
-pub static CLEAR_DEAD_SLOT: ClearDead = ClearDead {
-    clear: Statement {
-        sql: include_str!("../sql/run/grant/clear_dead_slot.sql"),
-        params: ACQUIRE_PARAMS,
-    },
-    left: Statement {
-        sql: include_str!("../sql/run/grant/left_slot.sql"),
-        params: ACQUIRE_PARAMS,
-    },
-};
 
 /// Deletes the dead leases that the look saw in the grant's way (`ClearDead`): whether
 /// they are all gone. When not, nothing it did is kept (`xact::kept_if_found`): it may
@@ -166,16 +154,11 @@ pub fn clear_dead(
     Ok(cleared.is_some())
 }
 
-// The look: read under the newest snapshot (`Statement::read_latest_all`), after passing
-// the gate; each kind sums its rows up its own way (`exclusive.rs`, `shared.rs`).
-static LOOK: Statement = Statement {
+/// The look of every kind but a shared lease: every lease of the lock id, read under the
+/// newest snapshot (`Statement::read_latest_all`), after passing the gate; each kind sums
+/// the rows up its own way (`kind/`).
+pub static LOOK: Statement = Statement {
     sql: include_str!("../sql/run/grant/look.sql"),
-    params: ACQUIRE_PARAMS,
-};
-
-// The same, read the same way, for a shared acquire.
-static LOOK_SHARED: Statement = Statement {
-    sql: include_str!("../sql/run/grant/look_shared.sql"),
     params: ACQUIRE_PARAMS,
 };
 
@@ -206,14 +189,9 @@ impl Seen {
     }
 }
 
-/// The leases of the lock id in `params` that its acquire depends on, under the newest
-/// snapshot, and the call's clock: every lease, but for a shared acquire (`LOOK_SHARED`).
-pub fn look_at(kind: Kind, params: &Params<'_>) -> (Vec<Seen>, i64) {
-    let look = if kind == Kind::Shared {
-        &LOOK_SHARED
-    } else {
-        &LOOK
-    };
+/// The look: the leases of the lock id in `params` that its acquire depends on, as the
+/// kind's `look` statement reads them under the newest snapshot, and the call's clock.
+pub fn look_at(look: &'static Statement, params: &Params<'_>) -> (Vec<Seen>, i64) {
     let leases = look
         .read_latest_all(&params.datums())
         .into_iter()
@@ -231,130 +209,91 @@ pub fn look_at(kind: Kind, params: &Params<'_>) -> (Vec<Seen>, i64) {
     (leases, params.now_micros())
 }
 
-/// What kind of lease an acquire asks for.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    Exclusive,
-    Shared,
-    Semaphore(i32),
+/// The statements that store a lease of one table: the caller's own live lease extended,
+/// a row taken over in place, a row inserted. Each kind names its table's (`kind/`).
+pub struct Store {
+    pub extend: Statement,
+    pub take_over: Statement,
+    pub insert: Statement,
 }
 
-/// The lease tables. Which kind lives in which is said here only (`Kind::table`); the
-/// statements that exist once per table are arrays indexed by it.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub enum Table {
-    /// `lockext.locks`: exclusive leases, one row per lock id.
-    Locks = 0,
-    /// `lockext.shared_leases`: shared leases and permits, one row per lock id and owner.
-    SharedLeases = 1,
+/// What a kind decided from its look (`LeaseKind::decide`).
+pub enum Decision {
+    /// Not now: a lease not yet free is in the way (how soon it will be free unless its
+    /// holders renew, when known), or another acquire of the lock id is in flight.
+    Refused(Option<Duration>),
+    /// Nothing live in the way: the store step carries out the plan.
+    Grant(Plan),
 }
 
-impl Kind {
-    pub fn table(self) -> Table {
-        match self {
-            Kind::Exclusive => Table::Locks,
-            Kind::Shared | Kind::Semaphore(_) => Table::SharedLeases,
+/// How the store step grants, as the kind decided it.
+pub struct Plan {
+    /// The dead leases to delete first, in this order (`clear_dead`).
+    pub clear: [Option<&'static ClearDead>; 2],
+    /// What the owner's row needs, once they are gone.
+    pub owner_row: OwnerRow,
+    /// The caller's own live lease: extended, the same grant, before a token is minted.
+    pub mine_live: bool,
+    /// A row to take over (else one is inserted).
+    pub row_exists: bool,
+    /// A take-over of someone else's dead lease is announced (`Granted::took_over`).
+    pub announces_take_over: bool,
+}
+
+/// What the owner's row of a table with a row per owner needs before the grant.
+pub enum OwnerRow {
+    /// Nothing: the table has one row per lock id, which the gate covers.
+    Covered,
+    /// Its name is another role's lease, not yet free: not the caller's to take.
+    OthersNamed,
+    /// Its creation claimed first (`claims::try_claim_row`) when it does not exist.
+    Claimed,
+}
+
+/// The store step: carries out a kind's plan, past the gate and the look. The dead leases
+/// in the way go first (`clear_dead`), then the owner's row is claimed, then the grant is
+/// made (`take`). Busy: a dead row (or its keep-alive's) was locked by someone else, or
+/// changed since the look.
+pub fn store(
+    client: &mut SpiClient<'_>,
+    store: &'static Store,
+    plan: &Plan,
+    params: &mut Params<'_>,
+    attached: &Attachments,
+) -> Result<Attempt, LockError> {
+    // A dead lease of another kind goes first, so that its renewal cannot revive it beside
+    // ours. Not cleared: its row is locked right now (the reaper deleting it, or a renewal
+    // that read its clock before the expiry), or it was renewed since the look.
+    for clear in plan.clear.iter().flatten() {
+        if !clear_dead(client, clear, params)? {
+            return Ok(Attempt::Busy);
         }
     }
-
-    /// From lock_acquire's `mode` and `permits`; NULL means the default, as for `wait`.
-    pub fn parse(mode: Option<Text<'_>>, permits: Option<i32>) -> Result<Kind, LockError> {
-        let shared = match mode.map_or(&b"exclusive"[..], Text::bytes) {
-            b"exclusive" => false,
-            b"shared" => true,
-            _ => {
-                return Err(LockError::UnknownMode {
-                    mode: mode.map(|m| m.to_string()).unwrap_or_default(),
-                })
-            }
-        };
-        match permits {
-            None if shared => Ok(Kind::Shared),
-            None => Ok(Kind::Exclusive),
-            Some(permits) if !(1..=error::MAX_PERMITS).contains(&permits) => {
-                Err(LockError::PermitsOutOfRange { permits })
-            }
-            Some(_) if shared => Err(LockError::SharedPermits),
-            Some(permits) => Ok(Kind::Semaphore(permits)),
+    let refused = match plan.owner_row {
+        OwnerRow::Covered => false,
+        OwnerRow::OthersNamed => true,
+        // Being created right now by another transaction.
+        OwnerRow::Claimed => {
+            !plan.row_exists && !claims::try_claim_row(params.lock_id, params.owner)?
         }
+    };
+    if refused {
+        return Ok(Attempt::Refused(None));
     }
-}
-
-/// A validated acquire: everything but the lock id is checked once, so that a set of locks
-/// (`sets.rs`) shares it.
-#[derive(Clone, Copy)]
-pub struct Request<'a> {
-    pub lock_id: Text<'a>,
-    pub owner: Text<'a>,
-    pub ttl: Interval,
-    pub wait: Duration,
-    pub lock_delay: Duration,
-    pub kind: Kind,
-    pub session: Option<TimestampWithTimeZone>,
-    /// The keep-alive that renews the lease (its `ttl` is then unused), or none.
-    pub keepalive: Option<i64>,
-}
-
-impl<'a> Request<'a> {
-    #[allow(clippy::too_many_arguments)]
-    pub fn validate(
-        lock_id: Text<'a>,
-        owner: Option<Text<'a>>,
-        ttl: Option<Interval>,
-        wait: Option<Interval>,
-        lock_delay: Option<Interval>,
-        mode: Option<Text<'_>>,
-        permits: Option<i32>,
-        session_bound: Option<bool>,
-        keepalive: Option<i64>,
-    ) -> Result<Request<'a>, LockError> {
-        let owner = error::identifier("owner", owner)?;
-        let keepalive = error::optional_token("keepalive", keepalive)?;
-        let ttl = match (keepalive, ttl) {
-            (None, ttl) => error::ttl(ttl)?,
-            // Unused: the statements store 'infinity' as an attached lease's own expiry
-            // (its keep-alive's is the one in force: `keepalive::lease_expiry`). new()
-            // fails only out of range, which one microsecond is not.
-            (Some(_), None) => Interval::new(0, 0, 1).map_err(|_| LockError::KeepaliveWithTtl)?,
-            (Some(_), Some(_)) => return Err(LockError::KeepaliveWithTtl),
-        };
-        // NULL waits no more than the default does: not at all.
-        let wait = match wait {
-            None => Duration::ZERO,
-            some => error::duration("wait", some)?,
-        };
-        let lock_delay = match lock_delay {
-            None => Duration::from_millis(settings::LOCK_DELAY_MS.get() as u64),
-            some => error::duration("lock_delay", some)?,
-        };
-        let kind = Kind::parse(mode, permits)?;
-        backend::writable_server()?;
-        if !wait.is_zero() && backend::snapshot_per_transaction() {
-            return Err(LockError::WaitNeedsReadCommitted);
-        }
-        if keepalive.is_some() {
-            if session_bound == Some(true) {
-                return Err(LockError::KeepaliveWithSession);
-            }
-            if backend::snapshot_per_transaction() {
-                return Err(LockError::KeepaliveNeedsReadCommitted);
-            }
-        }
-        let session = match session_bound {
-            Some(true) => Some(session::this_session()?),
-            _ => None,
-        };
-        Ok(Request {
-            lock_id,
-            owner,
-            ttl,
-            wait,
-            lock_delay,
-            kind,
-            session,
-            keepalive,
-        })
-    }
+    let granted = take(
+        client,
+        store,
+        params,
+        attached,
+        plan.mine_live,
+        plan.row_exists,
+    )?;
+    // Nothing granted past every live lease: the dead row (or its keep-alive's) was
+    // locked by someone else, or changed or deleted since the look.
+    Ok(Attempt::granted_or_busy(granted.map(|g| Granted {
+        took_over: plan.announces_take_over && g.minted && plan.row_exists,
+        ..g
+    })))
 }
 
 /// What one try at a lease came to, past the gate.
@@ -386,24 +325,14 @@ impl Attempt {
     }
 }
 
-// By `Table`.
-static EXTEND: [Statement; 2] = [
-    Statement {
-        sql: include_str!("../sql/run/grant/extend_lock.sql"),
-        params: ACQUIRE_PARAMS,
-    },
-    Statement {
-        sql: include_str!("../sql/run/grant/extend_shared_lease.sql"),
-        params: ACQUIRE_PARAMS,
-    },
-];
-
+/// The caller's own live lease, extended: the same grant, no new token.
 pub fn extend_own(
     client: &mut SpiClient<'_>,
-    request: &Request<'_>,
+    store: &'static Store,
     params: &Params<'_>,
+    attached: &Attachments,
 ) -> Result<Option<Granted>, LockError> {
-    grant_by(client, &EXTEND[request.kind.table() as usize], params)
+    grant_by(client, &store.extend, params, attached)
 }
 
 /// Runs an acquire statement that changes a lease row it locks `FOR UPDATE SKIP LOCKED`
@@ -412,41 +341,44 @@ pub fn extend_own(
 /// a holder's renewal for instance): a refused acquire inside a transaction that stays
 /// open would otherwise keep a live holder's row locked, and the holder's renewals would
 /// be refused until that transaction ended.
+// Never inlined: the gdb tests (tests/cluster/tests/held_row.rs, acquire_while_reaped.rs)
+// recognise a backend stopped in a take-over by this frame, whatever the compiler makes of
+// its callers (`store` and `take` are inlined into theirs).
+#[inline(never)]
 fn grant_by(
     client: &mut SpiClient<'_>,
     statement: &'static Statement,
     params: &Params<'_>,
+    attached: &Attachments,
 ) -> Result<Option<Granted>, LockError> {
-    xact::kept_if_found(|| grant_row(statement.run(client, &params.datums())?))
+    xact::kept_if_found(|| grant_row(statement.run(client, &params.store_datums(attached))?))
 }
 
 /// Grants the lease, past the gate and the look: the caller's own live lease is extended
 /// (the same grant, no new token); otherwise a token is minted and the lease row taken
 /// over if there is one, or inserted. An insert that finds the row created since the look
 /// takes that over instead.
-#[allow(clippy::too_many_arguments)]
 pub fn take(
     client: &mut SpiClient<'_>,
-    request: &Request<'_>,
+    store: &'static Store,
     params: &mut Params<'_>,
+    attached: &Attachments,
     mine_live: bool,
     row_exists: bool,
-    take_over: &'static Statement,
-    insert: &'static Statement,
 ) -> Result<Option<Granted>, LockError> {
     if mine_live {
-        if let Some(grant) = extend_own(client, request, params)? {
+        if let Some(grant) = extend_own(client, store, params, attached)? {
             return Ok(Some(grant));
         }
     }
     params.token = Some(token::mint(client)?);
     if row_exists {
-        return grant_by(client, take_over, params);
+        return grant_by(client, &store.take_over, params, attached);
     }
     // ON CONFLICT DO NOTHING locks nothing: no subtransaction is needed for the insert.
-    match grant_row(insert.run(client, &params.datums())?)? {
+    match grant_row(store.insert.run(client, &params.store_datums(attached))?)? {
         Some(grant) => Ok(Some(grant)),
-        None => grant_by(client, take_over, params),
+        None => grant_by(client, &store.take_over, params, attached),
     }
 }
 

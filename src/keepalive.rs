@@ -98,6 +98,7 @@ fn lock_keepalive_grant(
         let role = caller::role();
         Spi::connect_mut(|client| {
             let id = token::mint(client)?;
+            commit::after_minting();
             let rows = GRANT.run(client, &[id.into(), role.into(), ttl.into(), now.into()])?;
             let row = rows.first();
             let expires_at = row

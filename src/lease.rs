@@ -1,9 +1,11 @@
 //! Leases: lock_acquire, lock_renew, lock_release, for every kind of lease.
 //!
-//! An acquire is validated (`grant::Request`), queued when it waits (`wait.rs`), passes its
-//! lock id's gate (`claims.rs`), and then tries the kind's own `attempt`: `exclusive.rs`
-//! (rows of `lockext.locks`) or `shared.rs` (shared leases and permits, rows of
-//! `lockext.shared_leases`); each ends in `grant::take`. Renew and release serve every kind.
+//! An acquire is one route for every kind of lease (`acquire`): validated (`kind::Request`),
+//! queued when it waits (`wait.rs`), through its lock id's gate (`claims.rs`, in the kind's
+//! mode), the look (`grant::look_at`), the kind's decision (`kind::LeaseKind`), the store
+//! step (`grant::store`, which mints the token when it needs one), then the commit step,
+//! stats and events. No step of it asks which kind it serves. Renew and release serve every
+//! kind.
 //!
 //! Unless a caller asks lock_acquire to wait (and then it waits in lockext's own queue,
 //! `wait.rs`), none of these functions ever waits for another transaction's lock: a lease
@@ -30,14 +32,14 @@ use crate::caller;
 use crate::claims;
 use crate::commit;
 use crate::error::{self, LockError, OrReport};
-use crate::exclusive;
-use crate::grant::{extend_own, Attempt, Granted, Kind, Params, Request};
+use crate::grant::{self, extend_own, look_at, Attempt, Decision, Granted, Params};
 use crate::keepalive;
+use crate::kind::{Request, Taken};
 use crate::session;
-use crate::shared;
 use crate::statements::Statement;
 use crate::stats::{self, Counter};
 use crate::text::Text;
+use crate::token;
 use crate::wait;
 use crate::xact;
 
@@ -173,6 +175,10 @@ fn lock_release_0_3(
     caller::as_member(|| release(lock_id, owner, fence_token)).or_report()
 }
 
+/// The route of an acquire, one way through: validated (`Request`, by the caller), queued
+/// when it waits (`wait_for`), then each try (`attempt`) passes the gate, looks, decides,
+/// stores; then the commit step (`commit::after_minting`, if the call minted a token),
+/// stats, the session hook, the wake-up of the next waiter and the event.
 pub fn acquire(request: &Request<'_>) -> Result<Option<Granted>, LockError> {
     let _timer = stats::AcquireTimer::start();
     let mut params = Params {
@@ -183,29 +189,30 @@ pub fn acquire(request: &Request<'_>) -> Result<Option<Granted>, LockError> {
         now: backend::now()?,
         token: None,
         lock_delay: micros_interval(request.lock_delay),
-        session: request.session,
-        permits: match request.kind {
-            Kind::Semaphore(n) => Some(n),
-            _ => None,
-        },
+        permits: request.permits,
         slot: None,
-        keepalive: request.keepalive,
     };
+    let minted_before = token::minted();
     let granted = if request.wait.is_zero() {
-        attempt(request, &mut params, 0)?.granted()
+        attempt(request, &mut params, 0).map(Attempt::granted)
     } else {
-        wait_for(request, &mut params, Instant::now() + request.wait)?
+        wait_for(request, &mut params, Instant::now() + request.wait)
     };
-    let Some(granted) = granted else {
+    // The commit step: a call that minted a token (granted, or a gap) commits durably, as
+    // lockext.durability says; decided here, whatever the tries came to.
+    if token::minted() != minted_before {
+        commit::after_minting();
+    }
+    let Some(granted) = granted? else {
         stats::count(Counter::AcquiresRefused);
         return Ok(None);
     };
     stats::count(Counter::AcquiresGranted);
-    if request.session.is_some() {
+    if request.attachments.session.is_some() {
         session::bind(); // the exit hook that ends the lease with this session
     }
-    if request.kind != Kind::Exclusive {
-        // Shared leases and permits are many: the next in line may be free to take one too.
+    if request.kind.many_holders() {
+        // Many hold it at once: the next in line may be free to take one too.
         wait::wake_head_at_commit(request.lock_id);
     }
     if granted.took_over {
@@ -227,7 +234,7 @@ fn wait_for(
     params: &mut Params<'_>,
     deadline: Instant,
 ) -> Result<Option<Granted>, LockError> {
-    let ticket = wait::Ticket::take(request.lock_id, queue_window(request.kind));
+    let ticket = wait::Ticket::take(request.lock_id, request.kind.queue_window(request));
     let mut nap = Duration::ZERO;
     loop {
         let mut free_in = None;
@@ -250,47 +257,40 @@ fn wait_for(
     }
 }
 
-/// One try at the lock, through its gate (`claims.rs`).
+/// One try at the lock, through its gate (`claims.rs`): the gate is passed here and given
+/// back here, once, when the try grants nothing.
 fn attempt(
     request: &Request<'_>,
     params: &mut Params<'_>,
     ticket: u64,
 ) -> Result<Attempt, LockError> {
+    let kind = request.kind;
     // The keep-alive must be live by this try's clock, and stays share-locked to the end of
     // the transaction, so that its row outlasts the lease attached to it.
-    if let Some(keepalive) = request.keepalive {
+    if let Some(keepalive) = request.attachments.keepalive {
         keepalive::attach(keepalive, params.role, params.now)?;
     }
-    // Shared leases and permits go side by side (a semaphore's takers then claim slots);
-    // an exclusive acquire goes alone.
-    let mode = match request.kind {
-        Kind::Exclusive => claims::Mode::Exclusive,
-        _ => claims::Mode::Shared,
-    };
     // No jumping the queue of callers waiting for this lock, and no passing the gate while
-    // a conflicting acquire is in flight...
+    // a conflicting acquire is in flight (the kind's mode, then its own claim)...
     let gate = if jumps_the_queue(request, ticket) {
         None
     } else {
-        claims::try_gate(request.lock_id, mode)?
+        claims::try_gate(request.lock_id, kind.gate_mode())?
     };
-    let gate = match (gate, request.kind) {
-        (Some(gate), Kind::Shared | Kind::Semaphore(_)) => {
-            let semaphore = matches!(request.kind, Kind::Semaphore(_));
-            if claims::try_kind(request.lock_id, semaphore)? {
-                Some(gate)
-            } else {
-                gate.reopen();
-                None
-            }
+    let gate = match gate {
+        Some(gate) if !kind.pass_after_gate(request.lock_id)? => {
+            gate.reopen();
+            None
         }
-        (gate, _) => gate,
+        gate => gate,
     };
     let Some(gate) = gate else {
         // ...except for a holder asking again (a retry after a lost reply): it gets its
         // live grant back, which changes no one's chances.
         return Ok(
-            match Spi::connect_mut(|client| extend_own(client, request, params))? {
+            match Spi::connect_mut(|client| {
+                extend_own(client, kind.store(), params, &request.attachments)
+            })? {
                 Some(granted) => Attempt::Granted(granted),
                 None => Attempt::Refused(None),
             },
@@ -308,8 +308,9 @@ fn attempt(
 /// release tries again for a row the reaper holds (`xact::while_briefly_locked`).
 const BUSY_AT_MOST: Duration = Duration::from_millis(100);
 
-/// The kind's attempt, past the gate (which stays held), tried again while it comes back
-/// `Busy`, for `BUSY_AT_MOST` at most, then answered as it stands.
+/// The look, the decision and the store (`look_decide_store`), past the gate (which stays
+/// held), tried again while they come back `Busy`, for `BUSY_AT_MOST` at most, then
+/// answered as they stand.
 ///
 /// Busy means the look found no live lease in the way, only dead ones (or the caller's own),
 /// and yet a row it needs to delete or take over, or the row of the expired keep-alive it
@@ -340,10 +341,7 @@ fn past_the_gate(request: &Request<'_>, params: &mut Params<'_>) -> Result<Attem
     let deadline = Instant::now() + BUSY_AT_MOST;
     let mut nap = Duration::from_millis(1);
     loop {
-        let tried = Spi::connect_mut(|client| match request.kind {
-            Kind::Exclusive => exclusive::attempt(client, request, params),
-            _ => shared::attempt(client, request, params),
-        })?;
+        let tried = Spi::connect_mut(|client| look_decide_store(client, request, params))?;
         if !matches!(tried, Attempt::Busy) || Instant::now() + nap > deadline {
             return Ok(tried);
         }
@@ -353,14 +351,30 @@ fn past_the_gate(request: &Request<'_>, params: &mut Params<'_>) -> Result<Attem
     }
 }
 
-/// How far back in the queue a waiter may try: a semaphore of n permits can hand n over
-/// at once, and the first n in line take them in whatever order their tries land; any
-/// other lock goes to the head of the queue alone.
-fn queue_window(kind: Kind) -> usize {
-    match kind {
-        Kind::Semaphore(n) => n as usize,
-        _ => 1,
+/// Past the gate: the kind's grant in one statement if the lock id has no lease at all
+/// (`store_if_free`), else the look (`grant::look_at`), the kind's decision, and the store
+/// step (`grant::store`). The claims the decision took (`Taken`) are given back when
+/// nothing is granted.
+fn look_decide_store(
+    client: &mut SpiClient<'_>,
+    request: &Request<'_>,
+    params: &mut Params<'_>,
+) -> Result<Attempt, LockError> {
+    let kind = request.kind;
+    let attached = &request.attachments;
+    if let Some(granted) = kind.store_if_free(client, params, attached)? {
+        return Ok(Attempt::Granted(granted));
     }
+    let (leases, now) = look_at(kind.look(), params);
+    let mut taken = Taken::default();
+    let tried = match kind.decide(request, &leases, now, params, &mut taken)? {
+        Decision::Refused(until_free) => Attempt::Refused(until_free),
+        Decision::Grant(plan) => grant::store(client, kind.store(), &plan, params, attached)?,
+    };
+    if !matches!(tried, Attempt::Granted(_)) {
+        taken.give_back();
+    }
+    Ok(tried)
 }
 
 /// Whether trying now would jump the queue of this lock. A caller that does not wait
@@ -369,7 +383,7 @@ fn jumps_the_queue(request: &Request<'_>, ticket: u64) -> bool {
     let window = if ticket == 0 {
         1
     } else {
-        queue_window(request.kind)
+        request.kind.queue_window(request)
     };
     !wait::may_try(request.lock_id, ticket, window)
 }

@@ -13,7 +13,7 @@ use pgrx::prelude::*;
 use crate::backend;
 use crate::caller;
 use crate::error::{self, LockError, OrReport};
-use crate::grant::Request;
+use crate::kind::Request;
 use crate::lease;
 use crate::text::{Text, TextBuf};
 use crate::xact;

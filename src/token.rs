@@ -51,7 +51,7 @@ use pgrx::spi::SpiClient;
 use crate::backend;
 use crate::error::LockError;
 use crate::ledger::{self, State};
-use crate::settings::{self, Durability};
+use crate::settings;
 use crate::statements::Statement;
 
 pub use crate::ledger::Layout;
@@ -356,9 +356,11 @@ const ERA_WARNING: i64 = 3840;
 
 // ---- minting ---------------------------------------------------------------------------
 
-/// Mints one token for a grant. Call only once the grant is decided (past the lock id's
-/// gate, the lock found free, or inside the statement that grants: `grant_token`): a
-/// token minted and not used is only a gap.
+/// Mints one token for a grant, and returns it. Call only once the grant is decided (past
+/// the lock id's gate, the lock found free, or inside the statement that grants:
+/// `grant_token`): a token minted and not used is only a gap. How the transaction then
+/// commits is its caller's commit step's to decide (`commit::after_minting`), told by
+/// `minted`.
 pub fn mint(client: &mut SpiClient<'_>) -> Result<i64, LockError> {
     let epoch_table = adopt()?;
     let (layout, era, token) = ledger::next_token()?;
@@ -366,10 +368,19 @@ pub fn mint(client: &mut SpiClient<'_>) -> Result<i64, LockError> {
         warn_eras_running_out(era);
     }
     record_row(client, epoch_table, layout, era)?;
-    if settings::durability() == Durability::Grant {
-        crate::commit::require_flush();
-    }
+    MINTED.with(|m| m.set(m.get().wrapping_add(1)));
     Ok(token)
+}
+
+thread_local! {
+    /// How many tokens this backend minted: a call compares it before and after itself.
+    static MINTED: Cell<u64> = const { Cell::new(0) };
+}
+
+/// How many tokens this backend has minted so far (`mint`, wherever it was called from,
+/// a statement's `grant_token` too).
+pub fn minted() -> u64 {
+    MINTED.with(|m| m.get())
 }
 
 fn warn_eras_running_out(era: i64) {

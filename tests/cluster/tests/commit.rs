@@ -52,6 +52,17 @@ fn grants_flush_renewals_and_releases_alone_do_not() {
         &mut other,
         "SELECT lockext.lock_acquire('a', 'w', '1 minute')"
     ));
+    // So does every other route that mints a token: the look and an insert (REPEATABLE
+    // READ skips the free insert), a shared lease, a permit, a keep-alive.
+    for grant in [
+        "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ; \
+         SELECT lockext.lock_acquire('rr', 'w', '1 minute')",
+        "SELECT lockext.lock_acquire('s', 'w', '1 minute', mode => 'shared')",
+        "SELECT lockext.lock_acquire('p', 'w', '1 minute', permits => 2)",
+        "SELECT lockext.lock_keepalive_grant()",
+    ] {
+        assert!(flushed_at_commit(&mut c, &mut other, grant), "{grant}");
+    }
     c.batch_execute("RESET synchronous_commit").unwrap();
     // Renewals and releases alone do not wait for a flush, even in a synchronous session.
     assert!(!flushed_at_commit(

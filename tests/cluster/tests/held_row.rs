@@ -478,7 +478,10 @@ fn a_refused_shared_acquire_keeps_no_lock_on_a_renewed_exclusive_lease() {
         h_mode: "exclusive",
         r_kind: "mode => 'shared'",
         r_statement: "CLEAR_DEAD_EXCLUSIVE",
-        r_frames: &["lockext::grant::clear_dead", "lockext::shared::attempt"],
+        r_frames: &[
+            "lockext::grant::clear_dead",
+            "lockext::lease::look_decide_store",
+        ],
         table: "lockext.locks",
         goes_on: false,
     });
@@ -494,7 +497,7 @@ fn a_refused_exclusive_acquire_keeps_no_lock_on_a_renewed_shared_lease() {
         r_statement: "CLEAR_DEAD_SHARED",
         r_frames: &[
             "lockext::grant::clear_dead",
-            "lockext::lease::attempt", // attempt_exclusive, inlined into it or not
+            "lockext::lease::look_decide_store", // or inlined into its callers
         ],
         table: "lockext.shared_leases",
         goes_on: false,
@@ -526,7 +529,10 @@ fn a_refused_permit_keeps_no_lock_on_a_renewed_permit_in_its_slot() {
         h_mode: "permit",
         r_kind: "permits => 1",
         r_statement: "CLEAR_DEAD_SLOT",
-        r_frames: &["lockext::grant::clear_dead", "lockext::shared::attempt"],
+        r_frames: &[
+            "lockext::grant::clear_dead",
+            "lockext::lease::look_decide_store",
+        ],
         table: "lockext.shared_leases",
         goes_on: false,
     });
