@@ -14,6 +14,7 @@
 
 use std::cell::Cell;
 use std::ffi::c_int;
+use std::time::{Duration, Instant};
 
 use pgrx::pg_sys::BuiltinOid::*;
 use pgrx::prelude::*;
@@ -21,13 +22,18 @@ use pgrx::prelude::*;
 use crate::backend;
 use crate::error::LockError;
 use crate::settings;
-use crate::statements::Statement;
+use crate::statements::{first_value, Statement};
 use crate::text::TextBuf;
 use crate::xact::in_transaction;
 
 static END_MINE: Statement = Statement {
     sql: include_str!("../sql/run/session/end_mine.sql"),
     params: &[INT4OID, TIMESTAMPTZOID, BOOLOID],
+};
+
+static MINE_LEFT: Statement = Statement {
+    sql: include_str!("../sql/run/session/mine_left.sql"),
+    params: &[INT4OID, TIMESTAMPTZOID],
 };
 
 static EXIT_SETTINGS: Statement = Statement {
@@ -58,40 +64,85 @@ pub fn bind() {
     }
 }
 
+/// How long the exit waits for lease rows of its session that other transactions hold (a
+/// renewal or release in flight): long enough for one to commit, short enough that a
+/// transaction left open on a row does not keep the backend (and a smart shutdown) waiting.
+const EXIT_WAIT: Duration = Duration::from_secs(1);
+/// How often it looks again meanwhile.
+const EXIT_RETRY_MS: i64 = 5;
+
 /// The exit hook: ends this backend's session-bound leases in a transaction of its own,
-/// as the superuser (the session's role may not write lockext's tables). A failure is
-/// only logged: the reaper ends what is left.
+/// as the superuser (the session's role may not write lockext's tables). A row another
+/// transaction holds is skipped and tried again, a new transaction every few milliseconds,
+/// until none is left or `EXIT_WAIT` has passed: a lock wait cannot be bounded here
+/// (exit_settings.sql says why). A failure, or a row still held, is only logged: the
+/// reaper ends what is left.
 #[pg_guard]
 unsafe extern "C-unwind" fn end_at_exit(_code: c_int, _arg: pg_sys::Datum) {
     unsafe { pg_sys::AbortOutOfAnyTransaction() };
-    let ended = in_transaction(|| {
-        unsafe {
-            pg_sys::SetUserIdAndSecContext(
-                pg_sys::Oid::from(pg_sys::BOOTSTRAP_SUPERUSERID),
-                pg_sys::SECURITY_LOCAL_USERID_CHANGE as i32,
-            )
+    let since = Instant::now();
+    loop {
+        let left = in_transaction(end_mine);
+        let gave_up = match left {
+            Ok(0) => return,
+            Ok(_) if since.elapsed() < EXIT_WAIT && nap() => continue,
+            Ok(left) => format!(
+                "{left} of them held by other transactions after {} ms",
+                since.elapsed().as_millis()
+            ),
+            Err(message) => message,
         };
-        Spi::connect_mut(|client| {
-            EXIT_SETTINGS.run(client, &[])?;
-            let args = [
-                backend::pid().into(),
-                backend::started().ok().into(),
-                settings::NOTIFY.get().into(),
-            ];
-            let rows = END_MINE.run(client, &args)?;
-            for row in rows {
-                if let Some(lock_id) = row.get::<TextBuf>(1)? {
-                    crate::wait::wake_head_at_commit(lock_id.as_text());
-                }
-            }
-            Ok(())
-        })
-    });
-    if let Err(message) = ended {
         // Leases whose session is gone are due now (no expiry covers them).
         crate::status::publish(backend::clock());
         warning!(
-            "lockext: could not end this session's leases at exit ({message}); the reaper will"
+            "lockext: could not end this session's leases at exit ({gave_up}); the reaper will"
         );
+        return;
     }
+}
+
+/// One try of the exit: ends the session's leases that no other transaction holds, wakes
+/// their locks' waiters at commit, and returns how many rows of the session are left.
+fn end_mine() -> Result<i64, LockError> {
+    unsafe {
+        pg_sys::SetUserIdAndSecContext(
+            pg_sys::Oid::from(pg_sys::BOOTSTRAP_SUPERUSERID),
+            pg_sys::SECURITY_LOCAL_USERID_CHANGE as i32,
+        )
+    };
+    Spi::connect_mut(|client| {
+        EXIT_SETTINGS.run(client, &[])?;
+        let started = backend::started().ok();
+        let args = [
+            backend::pid().into(),
+            started.into(),
+            settings::NOTIFY.get().into(),
+        ];
+        let rows = END_MINE.run(client, &args)?;
+        for row in rows {
+            if let Some(lock_id) = row.get::<TextBuf>(1)? {
+                crate::wait::wake_head_at_commit(lock_id.as_text());
+            }
+        }
+        let left = MINE_LEFT.run(client, &[backend::pid().into(), started.into()])?;
+        Ok(first_value::<i64>(left)?.unwrap_or(0))
+    })
+}
+
+/// Sleeps `EXIT_RETRY_MS` on the latch, seen as an Extension wait in pg_stat_activity;
+/// false when the postmaster is gone (then there is nothing to wait for). Not
+/// `wait::nap`: that one answers interrupts and a lost client, and this backend is already
+/// on its way out.
+fn nap() -> bool {
+    let woke = unsafe {
+        let woke = pg_sys::WaitLatch(
+            pg_sys::MyLatch,
+            (pg_sys::WL_LATCH_SET | pg_sys::WL_TIMEOUT | pg_sys::WL_POSTMASTER_DEATH) as i32,
+            EXIT_RETRY_MS,
+            pg_sys::PG_WAIT_EXTENSION,
+        );
+        pg_sys::ResetLatch(pg_sys::MyLatch);
+        woke
+    };
+    woke & pg_sys::WL_POSTMASTER_DEATH as i32 == 0
 }

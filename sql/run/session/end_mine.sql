@@ -1,10 +1,12 @@
 -- The exiting backend's own session-bound leases, of both tables: deletes them and returns
 -- each (lock_id), with an event for LISTENers when asked.
 -- A lease row another transaction holds locked (a renewal or release of this lease in
--- flight, from another connection) is waited for, not skipped: skipped, the renewal
+-- flight, from another connection) is skipped here, and waited for by the exit hook
+-- (session.rs), which runs this statement again until mine_left.sql finds none of the
+-- session's rows left, for one second at most: once skipped for good, the renewal
 -- committed after the exit and the lease outlived its session (the schedule explorer's
--- renew x session_end). The wait is bounded by exit_settings.sql's lock_timeout; past it
--- the exit fails, and the reaper ends what is left (session.rs).
+-- renew x session_end). Not a lock wait: an exiting backend cannot time one out (see
+-- exit_settings.sql). Past the second, the reaper ends what is left.
 -- The values of the grants it deletes (lockext.lease_values, src/election.rs) go in the
 -- same statement: one probe of the values' key for each row deleted (a LATERAL subquery:
 -- whatever the statistics say, no plan compares every value with every row), then a
@@ -18,7 +20,7 @@ WITH x AS (DELETE FROM lockext.locks AS l
                      FROM lockext.locks AS s
                     WHERE s.session_start IS NOT NULL
                       AND s.taker_pid = $1 AND s.session_start = $2
-                      FOR UPDATE) AS c
+                      FOR UPDATE SKIP LOCKED) AS c
             WHERE l.lock_id = c.lock_id AND l.owner = c.owner
            RETURNING l.lock_id, l.fence_token),
      sh AS (DELETE FROM lockext.shared_leases AS l
@@ -26,7 +28,7 @@ WITH x AS (DELETE FROM lockext.locks AS l
                       FROM lockext.shared_leases AS s
                      WHERE s.session_start IS NOT NULL
                        AND s.taker_pid = $1 AND s.session_start = $2
-                       FOR UPDATE) AS c
+                       FOR UPDATE SKIP LOCKED) AS c
              WHERE l.lock_id = c.lock_id AND l.owner = c.owner
             RETURNING l.lock_id, l.fence_token),
      reaped AS (SELECT lock_id, fence_token FROM x

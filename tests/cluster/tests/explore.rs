@@ -848,12 +848,13 @@ fn paused(c: &mut Client, pid: i32) -> bool {
 
 /// Whether backend `pid` waits (for a lock, a latch, a nap): B "runs until it waits".
 /// (A backend whose session ended runs its exit hook with its last state, `idle`, and
-/// waits there on a lease row's lock like any statement: a lock wait counts whatever the
-/// state says.)
+/// there naps between its tries at a lease row another transaction holds, an Extension
+/// wait: a lock wait or lockext's nap counts whatever the state says. An idle backend
+/// otherwise waits for its client, a Client wait.)
 fn waiting(c: &mut Client, pid: i32) -> bool {
     c.query_one(
-        "SELECT coalesce(bool_or(wait_event_type = 'Lock' OR state = 'active' AND wait_event_type IN \
-            ('Extension', 'Timeout', 'IPC', 'LWLock')), false) \
+        "SELECT coalesce(bool_or(wait_event_type IN ('Lock', 'Extension') OR state = 'active' \
+            AND wait_event_type IN ('Timeout', 'IPC', 'LWLock')), false) \
            FROM pg_stat_activity WHERE pid = $1",
         &[&pid],
     )

@@ -328,3 +328,104 @@ fn session_leases_off_refused() {
     .expect("a session-bound lease once it is on again");
     println!("session_bound refused with 0A000 while lockext.session_leases = off (role and session settings)");
 }
+
+// ---------------------------------------------------------------------------------------
+// 7. An exit that finds its lease row locked waits for it, one second at most
+// ---------------------------------------------------------------------------------------
+
+/// Rows of `lock` in the lease table, whatever their state (`holders` shows live leases).
+fn lease_rows(c: &mut Client, lock: &str) -> i64 {
+    c.query_one(
+        "SELECT count(*) FROM lockext.locks WHERE lock_id = $1",
+        &[&lock],
+    )
+    .unwrap()
+    .get(0)
+}
+
+/// The exit hook waits for a lease row that another transaction holds (a renewal or
+/// release in flight: end_mine.sql), so that the lease cannot outlive its session; but
+/// only for `lock_timeout` = 1 s (exit_settings.sql): a transaction left open on the row
+/// must not keep the backend, and a shutdown, from ending. Past it, the reaper ends the
+/// lease once the row is free. The row is held open by a transaction that locked it, so
+/// the wait is forced, not hoped for.
+#[test]
+fn session_exit_waits_for_a_locked_row_one_second_then_the_reaper_ends_it() {
+    let cluster = Cluster::start("modes-exit-wait", "lockext.reap_interval = '100ms'");
+    let mut admin = cluster.connect();
+    let mut s = cluster.connect();
+    let pid: i32 = s.query_one("SELECT pg_backend_pid()", &[]).unwrap().get(0);
+    let token = acquire(
+        &mut s,
+        "sb:held",
+        "doomed",
+        "1 hour",
+        "session_bound => true",
+    )
+    .unwrap()
+    .expect("granted");
+
+    // Another transaction holds the lease row, as a renewal in flight does, and stays open.
+    let mut holder = cluster.connect();
+    holder
+        .batch_execute("BEGIN; SELECT 1 FROM lockext.locks WHERE lock_id = 'sb:held' FOR UPDATE")
+        .unwrap();
+    let terminated: bool = admin
+        .query_one("SELECT pg_terminate_backend($1)", &[&pid])
+        .unwrap()
+        .get(0);
+    assert!(terminated);
+    // The exiting backend waits for the row (naps between tries): the exit does not skip
+    // a lease in flight.
+    eventually(
+        Duration::from_secs(10),
+        "the exiting backend waits for the locked lease row",
+        || {
+            admin
+                .query_opt(
+                    "SELECT 1 FROM pg_stat_activity WHERE pid = $1 AND wait_event_type = 'Extension'",
+                    &[&pid],
+                )
+                .unwrap()
+        },
+    );
+    // It gives up after lock_timeout and exits, although the row is still held.
+    let t0 = Instant::now();
+    eventually(
+        Duration::from_secs(30),
+        "the exiting backend is gone while the row is still held",
+        || {
+            admin
+                .query_opt("SELECT 1 FROM pg_stat_activity WHERE pid = $1", &[&pid])
+                .unwrap()
+                .is_none()
+                .then_some(())
+        },
+    );
+    println!(
+        "the exit gave up waiting for the held lease row and ended {:?} after it was first seen waiting",
+        t0.elapsed()
+    );
+    assert_eq!(
+        lease_rows(&mut admin, "sb:held"),
+        1,
+        "the lease row stays while another transaction holds it"
+    );
+    assert!(
+        holder.simple_query("SELECT 1").is_ok(),
+        "the row's holder is unaffected"
+    );
+
+    // Once the row is free, the reaper ends the lease of the session that is gone.
+    holder.batch_execute("COMMIT").unwrap();
+    eventually(
+        Duration::from_secs(30),
+        "the reaper ends the lease of the exited session",
+        || (lease_rows(&mut admin, "sb:held") == 0).then_some(()),
+    );
+    let next = acquire(&mut admin, "sb:held", "next", "1 minute", "")
+        .unwrap()
+        .expect("the lock is free again");
+    assert!(next > token);
+    assert!(release(&mut admin, "sb:held", "next"));
+}
