@@ -32,8 +32,6 @@
 //! sql/lockext--0.1.0--0.2.0.sql; they are valid on 0.3.0's tables too, for a call that
 //! started before an update committed and ran on after it.
 
-use std::ffi::CStr;
-
 use pgrx::datum::DatumWithOid;
 use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::pg_sys::{self, BuiltinOid::*};
@@ -41,6 +39,7 @@ use pgrx::prelude::*;
 use pgrx::PgSqlErrorCode;
 
 use crate::backend;
+use crate::catalog;
 use crate::commit;
 use crate::error::{self, LockError, OrReport};
 use crate::lease;
@@ -88,13 +87,8 @@ pub fn reaper_waits(version: &str) -> String {
 }
 
 fn database_name() -> String {
-    let name = unsafe { pg_sys::get_database_name(backend::database()) };
-    if name.is_null() {
-        return format!("oid {}", backend::database().to_u32());
-    }
-    unsafe { CStr::from_ptr(name) }
-        .to_string_lossy()
-        .into_owned()
+    catalog::database_name(backend::database())
+        .unwrap_or_else(|| format!("oid {}", backend::database().to_u32()))
 }
 
 /// Raises 55000 for `function`, called by SQL objects at `version`, with `detail`.
@@ -205,7 +199,7 @@ fn lock_acquire_all() -> TableIterator<
 /// administrator's path here), as it could with 0.2.0 itself; renew and release decide
 /// availability, never which token is newer.
 fn session_role(function: &'static str, version: Older) -> pg_sys::Oid {
-    if unsafe { pg_sys::InSecurityRestrictedOperation() } {
+    if backend::in_security_restricted_operation() {
         refuse(
             function,
             version.name(),
@@ -213,13 +207,12 @@ fn session_role(function: &'static str, version: Older) -> pg_sys::Oid {
              the older SQL's functions (SECURITY DEFINER) do not say whose it is.",
         );
     }
-    unsafe { pg_sys::GetOuterUserId() }
+    backend::outer_user()
 }
 
 fn is_admin(role: pg_sys::Oid) -> bool {
-    let admin = unsafe { pg_sys::get_role_oid(c"lockext_admin".as_ptr(), true) };
     // Its privileges, not mere membership (caller::is_admin says why).
-    admin != pg_sys::InvalidOid && unsafe { pg_sys::has_privs_of_role(role, admin) }
+    catalog::has_privileges_of_named(role, c"lockext_admin")
 }
 
 const RENEW_PARAMS: &[pg_sys::PgBuiltInOids] = &[
@@ -472,7 +465,7 @@ fn lock_check(lock_id: Option<Text<'_>>, fence_token: Option<i64>) -> bool {
     let version = older("lock_check");
     let lock_id = error::identifier("lock_id", lock_id).or_report();
     let fence_token = error::token("fence_token", fence_token).or_report();
-    if unsafe { pg_sys::IsInParallelMode() } {
+    if backend::in_parallel_mode() {
         refuse(
             "lock_check",
             version.name(),
@@ -620,7 +613,7 @@ fn require_issued(token: i64) -> Result<(), LockError> {
         ),
         None => (None, None),
     };
-    let timeline = i64::from(unsafe { pg_sys::GetWALInsertionTimeLine() });
+    let timeline = i64::from(backend::wal_timeline());
     let highest = highest_of(epoch, counter, timeline);
     if token > highest {
         stats::count(Counter::FenceForged);

@@ -309,7 +309,7 @@ fn declare(fence_token: Option<i64>) -> Result<(), LockError> {
     // Reading the token sequence takes the tables' owner.
     caller::as_owner(|| Spi::connect_mut(|client| token::require_issued(client, fence_token)))?;
     watch_subtransactions();
-    let sub = unsafe { pg_sys::GetCurrentSubTransactionId() };
+    let sub = backend::subtransaction();
     with_declared(|declared| {
         declared.retain(|d| !(d.role == role && d.sub == sub));
         declared.push(Declared {

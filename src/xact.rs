@@ -5,6 +5,7 @@ use std::panic::AssertUnwindSafe;
 use pgrx::pg_sys::panic::CaughtError;
 use pgrx::prelude::*;
 
+use crate::backend;
 use crate::error::LockError;
 
 /// Runs `body` in a transaction of its own: committed when it returns Ok, rolled back when
@@ -124,7 +125,7 @@ pub fn while_briefly_locked<T>(
         if !still_held() {
             return Ok(None);
         }
-        unsafe { pg_sys::pg_usleep(1000) };
+        backend::sleep_us(1000);
         pg_sys::check_for_interrupts!();
     }
     attempt()
