@@ -29,7 +29,7 @@ use crate::backend;
 use crate::caller;
 use crate::commit;
 use crate::error::{self, LockError, OrReport, TtlOf};
-use crate::statements::{first_value, Statement};
+use crate::statements::{first_named, first_value, Args, Named, Statement};
 use crate::stats::{self, Counter};
 use crate::text::TextBuf;
 use crate::token;
@@ -47,9 +47,13 @@ static RENEW: Statement = Statement {
 };
 
 // Read under the newest snapshot (`Statement::read_latest`).
-static HELD: Statement = Statement {
+static HELD: Named = Named {
     sql: include_str!("../sql/run/keepalive/held.sql"),
-    params: &[INT8OID, OIDOID, TIMESTAMPTZOID],
+    params: &[
+        ("keepalive", INT8OID),
+        ("role", OIDOID),
+        ("now", TIMESTAMPTZOID),
+    ],
 };
 
 static REVOKE: Statement = Statement {
@@ -57,15 +61,19 @@ static REVOKE: Statement = Statement {
     params: &[INT8OID, OIDOID, TIMESTAMPTZOID, BOOLOID],
 };
 
-static ATTACH: Statement = Statement {
+static ATTACH: Named = Named {
     sql: include_str!("../sql/run/keepalive/attach.sql"),
-    params: &[INT8OID, OIDOID, TIMESTAMPTZOID],
+    params: &[
+        ("keepalive", INT8OID),
+        ("role", OIDOID),
+        ("now", TIMESTAMPTZOID),
+    ],
 };
 
 // Read under the newest snapshot (`Statement::read_latest`).
-static EXPIRY: Statement = Statement {
+static EXPIRY: Named = Named {
     sql: include_str!("../sql/run/keepalive/expiry.sql"),
-    params: &[INT8OID],
+    params: &[("keepalive", INT8OID)],
 };
 
 static END: Statement = Statement {
@@ -197,9 +205,12 @@ fn lock_keepalive_revoke(keepalive: Option<i64>) -> Option<i64> {
 /// Whether the caller's keep-alive is live and not ended, under the newest snapshot: what
 /// a renewal or revocation that found nothing tries again for (`xact::while_briefly_locked`).
 fn still_held(keepalive: i64, role: pg_sys::Oid, now: TimestampWithTimeZone) -> bool {
-    let args = [DatumWithOid::from(keepalive), role.into(), now.into()];
+    let args = Args::new()
+        .set("keepalive", keepalive)
+        .set("role", role)
+        .set("now", now);
     Spi::connect_mut(|_| {
-        HELD.read_latest(&args)
+        HELD.read_latest(args)
             .and_then(|row| row.get::<bool>("held"))
             == Some(true)
     })
@@ -214,8 +225,13 @@ pub fn attach(
     now: TimestampWithTimeZone,
 ) -> Result<(), LockError> {
     let found = Spi::connect_mut(|client| {
-        Ok::<_, LockError>(first_value::<TimestampWithTimeZone>(
-            ATTACH.run(client, &[keepalive.into(), role.into(), now.into()])?,
+        let args = Args::new()
+            .set("keepalive", keepalive)
+            .set("role", role)
+            .set("now", now);
+        Ok::<_, LockError>(first_named::<TimestampWithTimeZone>(
+            ATTACH.run(client, args)?,
+            "expires_at",
         )?)
     })?;
     match found {
@@ -244,7 +260,7 @@ fn lease_expiry(
     };
     let found = Spi::connect_mut(|_| {
         EXPIRY
-            .read_latest(&[keepalive.into()])
+            .read_latest(Args::new().set("keepalive", keepalive))
             .and_then(|row| row.get::<TimestampWithTimeZone>("expires_at"))
     });
     Some(found.unwrap_or(TimestampWithTimeZone::negative_infinity()))

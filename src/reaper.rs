@@ -53,7 +53,6 @@ use std::time::{Duration, Instant};
 use pgrx::bgworkers::{
     BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTime, SignalWakeFlags,
 };
-use pgrx::datum::DatumWithOid;
 use pgrx::lwlock::PgLwLock;
 use pgrx::pg_sys::BuiltinOid::*;
 use pgrx::prelude::*;
@@ -61,9 +60,10 @@ use pgrx::{pg_shmem_init, PGRXSharedMemory};
 
 use crate::backend;
 use crate::error::LockError;
+use crate::locktable::{self, Tried};
 use crate::pgversion;
 use crate::settings;
-use crate::statements::{first_value, Statement};
+use crate::statements::{first_named, Args, Named};
 use crate::status::{self, Reporter};
 use crate::text::TextBuf;
 use crate::xact::in_transaction;
@@ -90,81 +90,97 @@ fn free_at(expires_at: TimestampWithTimeZone, lock_delay: Interval) -> Timestamp
 }
 
 // What one batch deletes: expired exclusive leases, expired shared leases and permits.
-static REAP: [Statement; 2] = [
-    Statement {
+static REAP: [Named; 2] = [
+    Named {
         sql: include_str!("../sql/run/reaper/reap_locks.sql"),
-        params: &[INT4OID, BOOLOID, TIMESTAMPTZOID],
+        params: &[
+            ("limit", INT4OID),
+            ("notify", BOOLOID),
+            ("now", TIMESTAMPTZOID),
+        ],
     },
-    Statement {
+    Named {
         sql: include_str!("../sql/run/reaper/reap_shared_leases.sql"),
-        params: &[INT4OID, BOOLOID, TIMESTAMPTZOID],
+        params: &[
+            ("limit", INT4OID),
+            ("notify", BOOLOID),
+            ("now", TIMESTAMPTZOID),
+        ],
     },
 ];
 
 // And keep-alives (src/keepalive.rs): those expired are ended, then the leases attached
 // to ended ones deleted once free, then the ended ones without leases, in two steps (why
 // two: lock_ended_keepalives.sql).
-static END_KEEPALIVES: Statement = Statement {
+static END_KEEPALIVES: Named = Named {
     sql: include_str!("../sql/run/reaper/end_keepalives.sql"),
-    params: &[INT4OID, TIMESTAMPTZOID],
+    params: &[("limit", INT4OID), ("now", TIMESTAMPTZOID)],
 };
 
-static REAP_ATTACHED: [Statement; 2] = [
-    Statement {
+static REAP_ATTACHED: [Named; 2] = [
+    Named {
         sql: include_str!("../sql/run/reaper/reap_attached_locks.sql"),
-        params: &[INT4OID, BOOLOID, TIMESTAMPTZOID],
+        params: &[
+            ("limit", INT4OID),
+            ("notify", BOOLOID),
+            ("now", TIMESTAMPTZOID),
+        ],
     },
-    Statement {
+    Named {
         sql: include_str!("../sql/run/reaper/reap_attached_shared_leases.sql"),
-        params: &[INT4OID, BOOLOID, TIMESTAMPTZOID],
+        params: &[
+            ("limit", INT4OID),
+            ("notify", BOOLOID),
+            ("now", TIMESTAMPTZOID),
+        ],
     },
 ];
 
-static LOCK_ENDED_KEEPALIVES: Statement = Statement {
+static LOCK_ENDED_KEEPALIVES: Named = Named {
     sql: include_str!("../sql/run/reaper/lock_ended_keepalives.sql"),
-    params: &[INT4OID],
+    params: &[("limit", INT4OID)],
 };
 
-static PURGE_KEEPALIVES: Statement = Statement {
+static PURGE_KEEPALIVES: Named = Named {
     sql: include_str!("../sql/run/reaper/purge_keepalives.sql"),
-    params: &[INT8ARRAYOID],
+    params: &[("keepalives", INT8ARRAYOID)],
 };
 
 // Whether the schema is still the extension owner's.
-static OWN_SCHEMA: Statement = Statement {
+static OWN_SCHEMA: Named = Named {
     sql: include_str!("../sql/run/reaper/own_schema.sql"),
     params: &[],
 };
 
 // And, in a sweep round only, values whose grant is gone that the statement which ended it
 // left behind (src/election.rs), which nobody shows.
-static REAP_VALUES: Statement = Statement {
+static REAP_VALUES: Named = Named {
     sql: include_str!("../sql/run/reaper/reap_values.sql"),
-    params: &[INT4OID],
+    params: &[("limit", INT4OID)],
 };
 
 // When the database next needs a round, read once a round has reaped.
-static NEXT_DUE: Statement = Statement {
+static NEXT_DUE: Named = Named {
     sql: include_str!("../sql/run/reaper/next_due.sql"),
-    params: &[TIMESTAMPTZOID],
+    params: &[("now", TIMESTAMPTZOID)],
 };
 
 // And session-bound leases whose session has ended without releasing them, in two steps
 // (why two: lock_ended_sessions.sql): lock the rows that look dead, then delete those of
 // them that still look dead.
-static LOCK_ENDED_SESSIONS: Statement = Statement {
+static LOCK_ENDED_SESSIONS: Named = Named {
     sql: include_str!("../sql/run/reaper/lock_ended_sessions.sql"),
-    params: &[INT4OID],
+    params: &[("limit", INT4OID)],
 };
 
-static END_LOCKED_SESSIONS: Statement = Statement {
+static END_LOCKED_SESSIONS: Named = Named {
     sql: include_str!("../sql/run/reaper/end_locked_sessions.sql"),
     params: &[
-        BOOLOID,
-        TEXTARRAYOID,
-        TEXTARRAYOID,
-        TEXTARRAYOID,
-        TEXTARRAYOID,
+        ("notify", BOOLOID),
+        ("lock_ids", TEXTARRAYOID),
+        ("owners", TEXTARRAYOID),
+        ("shared_lock_ids", TEXTARRAYOID),
+        ("shared_owners", TEXTARRAYOID),
     ],
 };
 
@@ -515,7 +531,7 @@ impl Launcher {
     fn scan(&mut self) {
         // pg_upgrade's server (-b) restores schemas, and drops and creates databases: no
         // round belongs there.
-        let wanted = if unsafe { pg_sys::IsBinaryUpgrade } {
+        let wanted = if backend::binary_upgrade() {
             settings::Databases::Named(Vec::new())
         } else {
             settings::databases()
@@ -881,11 +897,10 @@ fn wanted_elsewhere(database: pg_sys::Oid) -> bool {
         locktag_lockmethodid: pg_sys::DEFAULT_LOCKMETHOD as u8,
     };
     let mode = pg_sys::RowExclusiveLock as pg_sys::LOCKMODE;
-    let got = unsafe { pg_sys::LockAcquire(&tag, mode, false, true) };
-    if got == pg_sys::LockAcquireResult::LOCKACQUIRE_NOT_AVAIL {
+    if locktable::try_lock(&tag, mode) == Tried::NotAvailable {
         return true;
     }
-    unsafe { pg_sys::LockRelease(&tag, mode, false) };
+    locktable::unlock(&tag, mode);
     false
 }
 
@@ -918,7 +933,7 @@ fn job(slot: usize) -> Option<Job> {
 /// limits do not count background workers, and pg_stat_activity shows the session user.
 fn answer_to_owner(owner: pg_sys::Oid) {
     if owner != pg_sys::InvalidOid {
-        unsafe { (*pg_sys::MyProc).roleId = owner };
+        backend::set_process_role(owner);
     }
 }
 
@@ -1057,7 +1072,10 @@ fn reap_round(
             return Ok(Some(None));
         };
         let own = Spi::connect_mut(|client| {
-            Ok::<_, LockError>(first_value::<bool>(OWN_SCHEMA.run(client, &[])?)?)
+            Ok::<_, LockError>(first_named::<bool>(
+                OWN_SCHEMA.run(client, Args::new())?,
+                "own",
+            )?)
         })?;
         if own == Some(true) && !backend::in_recovery() {
             // The token ledger learns of this database's history within a round of the
@@ -1176,7 +1194,10 @@ unsafe extern "C-unwind" fn object_access(
 fn next_due() -> Result<pg_sys::TimestampTz, LockError> {
     Spi::connect_mut(|client| {
         let now = backend::now()?;
-        let due = first_value::<TimestampWithTimeZone>(NEXT_DUE.run(client, &[now.into()])?)?;
+        let due = first_named::<TimestampWithTimeZone>(
+            NEXT_DUE.run(client, Args::new().set("now", now))?,
+            "due",
+        )?;
         Ok(due.map_or(status::NEVER, pg_sys::TimestampTz::from))
     })
 }
@@ -1188,59 +1209,65 @@ fn next_due() -> Result<pg_sys::TimestampTz, LockError> {
 pub fn reap_batch(limit: i32, sweep: bool) -> Result<(u64, bool), LockError> {
     Spi::connect_mut(|client| {
         let now = backend::now()?;
-        let args = [
-            DatumWithOid::from(limit),
-            crate::events::enabled().into(),
-            now.into(),
-        ];
+        let notify = crate::events::enabled();
+        let batch = || {
+            Args::new()
+                .set("limit", limit)
+                .set("notify", notify)
+                .set("now", now)
+        };
         let (mut total, mut more) = (0, false);
         let ended = |rows: pgrx::spi::SpiTupleTable<'_>| -> Result<u64, LockError> {
             let n = rows.len() as u64;
             for row in rows {
-                if let Some(lock_id) = row.get::<TextBuf>(1)? {
+                if let Some(lock_id) = row.get_by_name::<TextBuf, _>("lock_id")? {
                     crate::wait::wake_head_at_commit(lock_id.as_text());
                 }
             }
             Ok(n)
         };
         for statement in &REAP {
-            let n = ended(statement.run(client, &args)?)?;
+            let n = ended(statement.run(client, batch())?)?;
             more |= n >= limit as u64;
             total += n;
         }
-        let expired = END_KEEPALIVES.run(client, &[DatumWithOid::from(limit), now.into()])?;
+        let expired =
+            END_KEEPALIVES.run(client, Args::new().set("limit", limit).set("now", now))?;
         more |= expired.len() >= limit as usize;
         for statement in &REAP_ATTACHED {
-            let n = ended(statement.run(client, &args)?)?;
+            let n = ended(statement.run(client, batch())?)?;
             more |= n >= limit as u64;
             total += n;
         }
-        let locked = LOCK_ENDED_KEEPALIVES.run(client, &[DatumWithOid::from(limit)])?;
-        let keepalives: Vec<i64> = first_value::<Vec<Option<i64>>>(locked)?
+        let locked = LOCK_ENDED_KEEPALIVES.run(client, Args::new().set("limit", limit))?;
+        let keepalives: Vec<i64> = first_named::<Vec<Option<i64>>>(locked, "keepalives")?
             .unwrap_or_default()
             .into_iter()
             .flatten()
             .collect();
         if !keepalives.is_empty() {
             let locked_all = keepalives.len() >= limit as usize;
-            let purged = PURGE_KEEPALIVES.run(client, &[keepalives.into()])?.len();
+            let purged = PURGE_KEEPALIVES
+                .run(client, Args::new().set("keepalives", keepalives))?
+                .len();
             more |= locked_all && purged > 0; // a full batch that made progress: go on
         }
         if sweep {
-            let values = REAP_VALUES.run(client, &[DatumWithOid::from(limit)])?;
+            let values = REAP_VALUES.run(client, Args::new().set("limit", limit))?;
             more |= values.len() >= limit as usize;
         }
         // Session-bound leases whose session is gone: lock them, read the backend table
         // afresh, then end those still without a session.
-        let locked = LOCK_ENDED_SESSIONS.run(client, &[DatumWithOid::from(limit)])?;
+        let locked = LOCK_ENDED_SESSIONS.run(client, Args::new().set("limit", limit))?;
+        const KEYS: [&str; 4] = ["lock_ids", "owners", "shared_lock_ids", "shared_owners"];
         let keys: Vec<Vec<TextBuf>> = if locked.is_empty() {
             vec![Vec::new(); 4]
         } else {
             let row = locked.first();
-            (1..=4)
-                .map(|i| {
+            KEYS.iter()
+                .map(|&column| {
                     Ok(row
-                        .get::<Vec<Option<TextBuf>>>(i)?
+                        .get_by_name::<Vec<Option<TextBuf>>, _>(column)?
                         .unwrap_or_default()
                         .into_iter()
                         .flatten()
@@ -1253,16 +1280,17 @@ pub fn reap_batch(limit: i32, sweep: bool) -> Result<(u64, bool), LockError> {
             unsafe { pg_sys::pgstat_clear_backend_activity_snapshot() };
             let [a, b, c, d] = <[Vec<TextBuf>; 4]>::try_from(keys)
                 .map_err(|_| LockError::MissingColumn { name: "keys" })?;
-            total += ended(END_LOCKED_SESSIONS.run(
-                client,
-                &[
-                    crate::events::enabled().into(),
-                    a.into(),
-                    b.into(),
-                    c.into(),
-                    d.into(),
-                ],
-            )?)?;
+            total += ended(
+                END_LOCKED_SESSIONS.run(
+                    client,
+                    Args::new()
+                        .set("notify", notify)
+                        .set(KEYS[0], a)
+                        .set(KEYS[1], b)
+                        .set(KEYS[2], c)
+                        .set(KEYS[3], d),
+                )?,
+            )?;
         }
         Ok((total, more))
     })
