@@ -193,6 +193,21 @@ pub fn delay_checkpoint_start(delay: bool) {
     }
 }
 
+/// Runs `hook` when this process exits (`before_shmem_exit`: shared memory and the
+/// catalogs are still there; hooks run last registered first). Sound: the function
+/// pointer travels as the callback's Datum argument, the same size as a pointer, and is
+/// turned back into the very `fn()` it was made from; the trampoline is `#[pg_guard]`, so
+/// an ERROR or a panic in `hook` never unwinds into PostgreSQL's C frames.
+pub fn at_exit(hook: fn()) {
+    unsafe { pg_sys::before_shmem_exit(Some(run_exit_hook), pg_sys::Datum::from(hook as usize)) };
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn run_exit_hook(_code: std::ffi::c_int, arg: pg_sys::Datum) {
+    let hook = unsafe { std::mem::transmute::<usize, fn()>(arg.value()) };
+    hook();
+}
+
 /// Sleeps `micros` microseconds (interrupts are the caller's to check).
 pub fn sleep_us(micros: i64) {
     unsafe { pg_sys::pg_usleep(micros as _) };

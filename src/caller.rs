@@ -30,11 +30,11 @@ use pgrx::pg_sys;
 use crate::backend;
 use crate::catalog;
 use crate::error::LockError;
-use crate::statements::{first_value, Statement};
+use crate::statements::{first_named, Args, Named};
 
-static SCHEMA_OWNER: Statement = Statement {
+static SCHEMA_OWNER: Named = Named {
     sql: include_str!("../sql/run/caller/schema_owner.sql"),
-    params: &[pg_sys::BuiltinOid::OIDOID],
+    params: &[("schema", pg_sys::BuiltinOid::OIDOID)],
 };
 
 thread_local! {
@@ -88,7 +88,10 @@ fn owner() -> Result<pg_sys::Oid, LockError> {
     // Through a prepared read (`Statement`), which assigns no transaction id: on a hot
     // standby the function must still get as far as saying "connect to the primary".
     let owner = pgrx::Spi::connect_mut(|client| {
-        first_value::<pg_sys::Oid>(SCHEMA_OWNER.run(client, &[schema.into()])?)
+        first_named::<pg_sys::Oid>(
+            SCHEMA_OWNER.run(client, Args::new().set("schema", schema))?,
+            "nspowner",
+        )
     })?
     .ok_or(LockError::MissingColumn { name: "nspowner" })?;
     OWNER.with(|o| o.set(Some((schema, owner))));

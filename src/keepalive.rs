@@ -20,7 +20,6 @@
 //! lease's own renewal (sql/run/grant/clear_dead_exclusive.sql). The reaper ends expired
 //! keep-alives, deletes their leases once free, and then the keep-alive's row.
 
-use pgrx::datum::DatumWithOid;
 use pgrx::pg_sys;
 use pgrx::pg_sys::BuiltinOid::*;
 use pgrx::prelude::*;
@@ -29,21 +28,31 @@ use crate::backend;
 use crate::caller;
 use crate::commit;
 use crate::error::{self, LockError, OrReport, TtlOf};
-use crate::statements::{first_named, first_value, Args, Named, Statement};
+use crate::statements::{first_named, Args, Named};
 use crate::stats::{self, Counter};
 use crate::text::TextBuf;
 use crate::token;
 use crate::wait;
 use crate::xact;
 
-static GRANT: Statement = Statement {
+static GRANT: Named = Named {
     sql: include_str!("../sql/run/keepalive/grant.sql"),
-    params: &[INT8OID, OIDOID, INTERVALOID, TIMESTAMPTZOID],
+    params: &[
+        ("keepalive", INT8OID),
+        ("role", OIDOID),
+        ("ttl", INTERVALOID),
+        ("now", TIMESTAMPTZOID),
+    ],
 };
 
-static RENEW: Statement = Statement {
+static RENEW: Named = Named {
     sql: include_str!("../sql/run/keepalive/renew.sql"),
-    params: &[INT8OID, OIDOID, TIMESTAMPTZOID, INTERVALOID],
+    params: &[
+        ("keepalive", INT8OID),
+        ("role", OIDOID),
+        ("now", TIMESTAMPTZOID),
+        ("ttl", INTERVALOID),
+    ],
 };
 
 // Read under the newest snapshot (`Statement::read_latest`).
@@ -56,9 +65,14 @@ static HELD: Named = Named {
     ],
 };
 
-static REVOKE: Statement = Statement {
+static REVOKE: Named = Named {
     sql: include_str!("../sql/run/keepalive/revoke.sql"),
-    params: &[INT8OID, OIDOID, TIMESTAMPTZOID, BOOLOID],
+    params: &[
+        ("keepalive", INT8OID),
+        ("role", OIDOID),
+        ("now", TIMESTAMPTZOID),
+        ("notify", BOOLOID),
+    ],
 };
 
 static ATTACH: Named = Named {
@@ -76,14 +90,14 @@ static EXPIRY: Named = Named {
     params: &[("keepalive", INT8OID)],
 };
 
-static END: Statement = Statement {
+static END: Named = Named {
     sql: include_str!("../sql/run/keepalive/end.sql"),
-    params: &[INT8OID, TIMESTAMPTZOID],
+    params: &[("keepalive", INT8OID), ("now", TIMESTAMPTZOID)],
 };
 
-static ENDED: Statement = Statement {
+static ENDED: Named = Named {
     sql: include_str!("../sql/run/keepalive/ended.sql"),
-    params: &[INT8OID, TIMESTAMPTZOID],
+    params: &[("keepalive", INT8OID), ("now", TIMESTAMPTZOID)],
 };
 
 /// A new keep-alive of the calling role, live for `ttl` (default 30 seconds, the most a
@@ -106,7 +120,12 @@ fn lock_keepalive_grant(
         let role = caller::role();
         Spi::connect_mut(|client| {
             let id = token::mint(client)?;
-            let rows = GRANT.run(client, &[id.into(), role.into(), ttl.into(), now.into()])?;
+            let args = Args::new()
+                .set("keepalive", id)
+                .set("role", role)
+                .set("ttl", ttl)
+                .set("now", now);
+            let rows = GRANT.run(client, args)?;
             let row = rows.first();
             let expires_at = row
                 .get_by_name::<TimestampWithTimeZone, _>("expires_at")?
@@ -139,8 +158,12 @@ fn lock_keepalive_renew(
         let renewed = xact::while_briefly_locked(
             || {
                 Spi::connect_mut(|client| {
-                    let args = [keepalive.into(), role.into(), now.into(), ttl.into()];
-                    xact::kept_if_found(|| Ok(first_value(RENEW.run(client, &args)?)?))
+                    let args = Args::new()
+                        .set("keepalive", keepalive)
+                        .set("role", role)
+                        .set("now", now)
+                        .set("ttl", ttl);
+                    xact::kept_if_found(|| Ok(first_named(RENEW.run(client, args)?, "expires_at")?))
                 })
             },
             || still_held(keepalive, role, now),
@@ -177,9 +200,13 @@ fn lock_keepalive_revoke(keepalive: Option<i64>) -> Option<i64> {
         let ended = xact::while_briefly_locked(
             || {
                 Spi::connect_mut(|client| {
-                    let args = [keepalive.into(), role.into(), now.into(), notify.into()];
+                    let args = Args::new()
+                        .set("keepalive", keepalive)
+                        .set("role", role)
+                        .set("now", now)
+                        .set("notify", notify);
                     xact::kept_if_found(|| {
-                        let rows = REVOKE.run(client, &args)?;
+                        let rows = REVOKE.run(client, args)?;
                         if rows.is_empty() {
                             return Ok(None);
                         }
@@ -275,11 +302,11 @@ fn end_keepalive(keepalive: Option<i64>, now: Option<TimestampWithTimeZone>) -> 
         return false;
     };
     Spi::connect_mut(|client| {
-        let args = [DatumWithOid::from(keepalive), now.into()];
-        if first_value::<bool>(END.run(client, &args)?)? == Some(true) {
+        let args = || Args::new().set("keepalive", keepalive).set("now", now);
+        if first_named::<bool>(END.run(client, args())?, "ended")? == Some(true) {
             return Ok::<_, LockError>(true);
         }
-        Ok(first_value::<bool>(ENDED.run(client, &args)?)? == Some(true))
+        Ok(first_named::<bool>(ENDED.run(client, args())?, "ended")? == Some(true))
     })
     .or_report()
 }

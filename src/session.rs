@@ -13,7 +13,6 @@
 //! them, so "the session" means nothing; `lockext.session_leases = off` refuses them there.
 
 use std::cell::Cell;
-use std::ffi::c_int;
 
 use pgrx::pg_sys::BuiltinOid::*;
 use pgrx::prelude::*;
@@ -21,16 +20,20 @@ use pgrx::prelude::*;
 use crate::backend;
 use crate::error::LockError;
 use crate::settings;
-use crate::statements::Statement;
+use crate::statements::{Args, Named};
 use crate::text::TextBuf;
-use crate::xact::in_transaction;
+use crate::xact::{self, in_transaction};
 
-static END_MINE: Statement = Statement {
+static END_MINE: Named = Named {
     sql: include_str!("../sql/run/session/end_mine.sql"),
-    params: &[INT4OID, TIMESTAMPTZOID, BOOLOID],
+    params: &[
+        ("pid", INT4OID),
+        ("started", TIMESTAMPTZOID),
+        ("notify", BOOLOID),
+    ],
 };
 
-static EXIT_SETTINGS: Statement = Statement {
+static EXIT_SETTINGS: Named = Named {
     sql: include_str!("../sql/run/session/exit_settings.sql"),
     params: &[],
 };
@@ -53,7 +56,7 @@ pub fn this_session() -> Result<TimestampWithTimeZone, LockError> {
 /// lease is granted.
 pub fn bind() {
     if !BOUND.get() {
-        unsafe { pg_sys::before_shmem_exit(Some(end_at_exit), pg_sys::Datum::from(0)) };
+        backend::at_exit(end_at_exit);
         BOUND.set(true);
     }
 }
@@ -61,26 +64,22 @@ pub fn bind() {
 /// The exit hook: ends this backend's session-bound leases in a transaction of its own,
 /// as the superuser (the session's role may not write lockext's tables). A failure is
 /// only logged: the reaper ends what is left.
-#[pg_guard]
-unsafe extern "C-unwind" fn end_at_exit(_code: c_int, _arg: pg_sys::Datum) {
-    unsafe { pg_sys::AbortOutOfAnyTransaction() };
+fn end_at_exit() {
+    xact::abort_any();
     let ended = in_transaction(|| {
-        unsafe {
-            pg_sys::SetUserIdAndSecContext(
-                pg_sys::Oid::from(pg_sys::BOOTSTRAP_SUPERUSERID),
-                pg_sys::SECURITY_LOCAL_USERID_CHANGE as i32,
-            )
-        };
+        backend::set_user_and_context(
+            pg_sys::Oid::from(pg_sys::BOOTSTRAP_SUPERUSERID),
+            pg_sys::SECURITY_LOCAL_USERID_CHANGE as i32,
+        );
         Spi::connect_mut(|client| {
-            EXIT_SETTINGS.run(client, &[])?;
-            let args = [
-                backend::pid().into(),
-                backend::started().ok().into(),
-                settings::NOTIFY.get().into(),
-            ];
-            let rows = END_MINE.run(client, &args)?;
+            EXIT_SETTINGS.run(client, Args::new())?;
+            let args = Args::new()
+                .set("pid", backend::pid())
+                .set("started", backend::started().ok())
+                .set("notify", settings::NOTIFY.get());
+            let rows = END_MINE.run(client, args)?;
             for row in rows {
-                if let Some(lock_id) = row.get::<TextBuf>(1)? {
+                if let Some(lock_id) = row.get_by_name::<TextBuf, _>("lock_id")? {
                     crate::wait::wake_head_at_commit(lock_id.as_text());
                 }
             }

@@ -21,6 +21,7 @@ use pgrx::spi::{OwnedPreparedStatement, SpiClient, SpiResult, SpiTupleTable};
 use pgrx::FromDatum;
 
 use crate::explore;
+use crate::text::Jsonb;
 
 /// A statement whose parameters are passed by position (`[Datum; N]`).
 pub struct Statement {
@@ -139,6 +140,21 @@ impl Named {
         .into_iter()
         .next()
     }
+}
+
+/// The jsonb column `column` of the current row of `rows`, copied into the memory of SPI's
+/// caller (`Jsonb::transferred`), where it outlives `SPI_finish`. Sound: `rows` borrows a
+/// connected SPI's tuple table, its current row is one of that table, and the column is
+/// checked to be jsonb before its datum is detoasted (a constant column name of lockext's
+/// statement: another type is lockext's bug, refused with an internal error).
+pub fn jsonb_by_name(rows: &SpiTupleTable<'_>, column: &str) -> SpiResult<Option<Jsonb>> {
+    let ordinal = rows.column_ordinal(column)?;
+    if rows.column_type_oid(ordinal)? != PgOid::BuiltIn(PgBuiltInOids::JSONBOID) {
+        pgrx::error!("lockext: column {column} is not jsonb");
+    }
+    Ok(rows
+        .get_datum_by_ordinal(ordinal)?
+        .map(|datum| unsafe { Jsonb::transferred(datum) }))
 }
 
 /// The column `column` of the first row, or None when there is no row (or it is NULL).

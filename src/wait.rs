@@ -358,13 +358,12 @@ thread_local! {
 /// so its ticket's destructor never runs: this exit hook takes its place.
 fn leave_queue_at_exit() {
     if !EXIT_HOOK.get() {
-        unsafe { pg_sys::before_shmem_exit(Some(leave_at_exit), pg_sys::Datum::from(0)) };
+        backend::at_exit(leave_at_exit);
         EXIT_HOOK.set(true);
     }
 }
 
-#[pg_guard]
-unsafe extern "C-unwind" fn leave_at_exit(_code: std::ffi::c_int, _arg: pg_sys::Datum) {
+fn leave_at_exit() {
     // An exit can begin anywhere; the queue's lock must not be ours already.
     unsafe { pg_sys::LWLockReleaseAll() };
     let pid = backend::pid();

@@ -8,6 +8,12 @@ use pgrx::prelude::*;
 use crate::backend;
 use crate::error::LockError;
 
+/// Ends whatever transaction is open, rolled back (an exit hook's first step: the backend
+/// may exit in the middle of one). Sound at any point a backend can exit.
+pub fn abort_any() {
+    unsafe { pg_sys::AbortOutOfAnyTransaction() };
+}
+
 /// Runs `body` in a transaction of its own: committed when it returns Ok, rolled back when
 /// it returns Err or raises an ERROR. The ERROR is caught and returned as a message, so one
 /// bad round never takes a worker down (and an exiting backend still exits cleanly).
