@@ -208,6 +208,14 @@ unsafe extern "C-unwind" fn run_exit_hook(_code: std::ffi::c_int, arg: pg_sys::D
     hook();
 }
 
+/// The fraction of the server's notification queue in use (`pg_notification_queue_usage()`,
+/// called directly: a SQL-callable C function of no arguments, which reads shared memory
+/// under its own lock and returns a float8 by value).
+pub fn notification_queue_usage() -> f64 {
+    unsafe { pgrx::direct_function_call::<f64>(pg_sys::pg_notification_queue_usage, &[]) }
+        .unwrap_or(0.0)
+}
+
 /// Sleeps `micros` microseconds (interrupts are the caller's to check).
 pub fn sleep_us(micros: i64) {
     unsafe { pg_sys::pg_usleep(micros as _) };

@@ -64,3 +64,50 @@ pub fn database_name(database: pg_sys::Oid) -> Option<String> {
             .into_owned(),
     )
 }
+
+/// One row of pg_database, as much of it as the launcher needs.
+pub struct Database {
+    pub oid: u32,
+    pub name: String,
+    pub owner: u32,
+    pub allows_connections: bool,
+    pub template: bool,
+    /// `datconnlimit = -2`: a DROP DATABASE that was interrupted; nobody may connect.
+    pub invalid: bool,
+}
+
+/// pg_database, read with a plain scan: a process connected to no database cannot use
+/// catalog indexes until some backend has cached them. In a transaction. Sound: the
+/// relation is opened and locked (AccessShareLock) for the scan; each tuple returned is a
+/// valid pg_database row until the next `heap_getnext`, and its fixed part (up to
+/// `datname`, `datdba`, `datallowconn`, `datistemplate`, `datconnlimit`, all before the
+/// first nullable column) is read and copied before that.
+pub fn databases() -> Vec<Database> {
+    let mut rows = Vec::new();
+    unsafe {
+        let rel = pg_sys::table_open(pg_sys::DatabaseRelationId, pg_sys::AccessShareLock as _);
+        let scan = pg_sys::table_beginscan_catalog(rel, 0, std::ptr::null_mut());
+        loop {
+            let tuple = pg_sys::heap_getnext(scan, pg_sys::ScanDirection::ForwardScanDirection);
+            if tuple.is_null() {
+                break;
+            }
+            let header = (*tuple).t_data;
+            let row = &*((header as *const u8).add((*header).t_hoff as usize)
+                as *const pg_sys::FormData_pg_database);
+            rows.push(Database {
+                oid: row.oid.to_u32(),
+                name: CStr::from_ptr(row.datname.data.as_ptr())
+                    .to_string_lossy()
+                    .into_owned(),
+                owner: row.datdba.to_u32(),
+                allows_connections: row.datallowconn,
+                template: row.datistemplate,
+                invalid: row.datconnlimit == -2,
+            });
+        }
+        pg_sys::table_endscan(scan);
+        pg_sys::table_close(rel, pg_sys::AccessShareLock as _);
+    }
+    rows
+}

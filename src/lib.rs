@@ -33,6 +33,7 @@ mod status;
 mod text;
 mod token;
 mod wait;
+mod worker;
 mod xact;
 
 ::pgrx::pg_module_magic!(name, version);

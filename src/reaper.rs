@@ -47,7 +47,6 @@
 
 use std::cell::Cell;
 use std::collections::{HashMap, HashSet};
-use std::ffi::CStr;
 use std::time::{Duration, Instant};
 
 use pgrx::bgworkers::{
@@ -59,13 +58,14 @@ use pgrx::prelude::*;
 use pgrx::{pg_shmem_init, PGRXSharedMemory};
 
 use crate::backend;
+use crate::catalog;
 use crate::error::LockError;
 use crate::locktable::{self, Tried};
-use crate::pgversion;
 use crate::settings;
 use crate::statements::{first_named, Args, Named};
 use crate::status::{self, Reporter};
 use crate::text::TextBuf;
+use crate::worker;
 use crate::xact::in_transaction;
 
 /// When a lease's lock is free for others unless renewed: its expiry plus its lock-delay.
@@ -289,13 +289,6 @@ pub fn register_launcher() {
         .load();
 }
 
-unsafe extern "C-unwind" {
-    // PostgreSQL's own SIGTERM handler (tcop/postgres.c), by its C symbol: pg_sys::die is a
-    // Rust wrapper around it, which must not run as a signal handler.
-    #[link_name = "die"]
-    fn postgres_die(signal: std::ffi::c_int);
-}
-
 /// Both kinds of process reload settings on SIGHUP, and leave on SIGTERM (a shutdown,
 /// `pg_terminate_backend`) as a backend does, through PostgreSQL's own `die`: it sets
 /// `ProcDiePending`, so the next CHECK_FOR_INTERRUPTS ends the process with FATAL wherever
@@ -303,7 +296,7 @@ unsafe extern "C-unwind" {
 /// be read only between statements, and a statement that ran for minutes kept the server
 /// from stopping.
 fn attach_signal_handlers() {
-    pgversion::on_sigterm(Some(postgres_die));
+    worker::leave_on_sigterm();
     BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP);
 }
 
@@ -313,14 +306,7 @@ fn attach_signal_handlers() {
 /// or an operator that our statements would call as superuser. lockext's SQL functions pin
 /// the path with their SET clause; a worker pins it here, above every other source.
 fn pin_search_path() {
-    unsafe {
-        pg_sys::SetConfigOption(
-            c"search_path".as_ptr(),
-            c"pg_catalog, pg_temp".as_ptr(),
-            pg_sys::GucContext::PGC_SUSET,
-            pg_sys::GucSource::PGC_S_OVERRIDE,
-        )
-    };
+    worker::override_setting(c"search_path", c"pg_catalog, pg_temp");
 }
 
 #[pg_guard]
@@ -342,7 +328,7 @@ pub extern "C-unwind" fn lockext_launcher_main(_arg: pg_sys::Datum) {
             break;
         }
         if BackgroundWorker::sighup_received() {
-            unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
+            worker::reload_settings();
             launcher.reloaded();
         }
     }
@@ -413,28 +399,16 @@ struct Served {
 struct Round {
     database: u32,
     slot: usize,
-    handle: *mut pg_sys::BackgroundWorkerHandle,
+    worker: worker::Started,
 }
 
 impl Round {
     fn stopped(&self) -> bool {
-        let mut pid: pg_sys::pid_t = 0;
-        let status = unsafe { pg_sys::GetBackgroundWorkerPid(self.handle, &mut pid) };
-        matches!(
-            status,
-            pg_sys::BgwHandleStatus::BGWH_STOPPED | pg_sys::BgwHandleStatus::BGWH_POSTMASTER_DIED
-        )
+        self.worker.stopped()
     }
 
     fn terminate(&self) {
-        unsafe { pg_sys::TerminateBackgroundWorker(self.handle) };
-    }
-}
-
-impl Drop for Round {
-    fn drop(&mut self) {
-        // Allocated by RegisterDynamicBackgroundWorker in TopMemoryContext (`start`).
-        unsafe { pg_sys::pfree(self.handle.cast()) };
+        self.worker.terminate();
     }
 }
 
@@ -536,7 +510,7 @@ impl Launcher {
         } else {
             settings::databases()
         };
-        let rows = match in_transaction(|| Ok(database_rows())) {
+        let rows = match in_transaction(|| Ok(catalog::databases())) {
             Ok(rows) => rows,
             Err(message) => {
                 log!("lockext: the launcher could not read pg_database: {message}");
@@ -693,23 +667,14 @@ impl Launcher {
             .set_extra(&db.name)
             .set_notify_pid(backend::pid())
             .set_restart_time(None);
-        let mut worker: pg_sys::BackgroundWorker = (&builder).into();
-        let mut handle: *mut pg_sys::BackgroundWorkerHandle = std::ptr::null_mut();
-        // The handle outlives this call (the round's life): not in a transaction's memory.
-        let registered = unsafe {
-            let old = pg_sys::MemoryContextSwitchTo(pg_sys::TopMemoryContext);
-            let ok = pg_sys::RegisterDynamicBackgroundWorker(&mut worker, &mut handle);
-            pg_sys::MemoryContextSwitchTo(old);
-            ok
-        };
-        if !registered {
+        let Some(worker) = worker::Started::start(&builder) else {
             HANDOFFS.exclusive().slots[slot] = Handoff::default();
             return Err(StartError::NoWorkerSlot);
-        }
+        };
         self.rounds.push(Round {
             database: oid,
             slot,
-            handle,
+            worker,
         });
         Ok(())
     }
@@ -825,18 +790,7 @@ fn reap_interval() -> Duration {
     Duration::from_millis(settings::REAP_INTERVAL_MS.get().max(1) as u64)
 }
 
-/// One row of pg_database, as much of it as the launcher needs.
-struct DatabaseRow {
-    oid: u32,
-    name: String,
-    owner: u32,
-    allows_connections: bool,
-    template: bool,
-    /// `datconnlimit = -2`: a DROP DATABASE that was interrupted; nobody may connect.
-    invalid: bool,
-}
-
-impl DatabaseRow {
+impl catalog::Database {
     fn not_enterable(&self) -> Option<&'static str> {
         if self.template {
             Some("is a template; the reaper never enters one")
@@ -848,38 +802,6 @@ impl DatabaseRow {
             None
         }
     }
-}
-
-/// pg_database, read with a plain scan: a process connected to no database cannot use
-/// catalog indexes until some backend has cached them.
-fn database_rows() -> Vec<DatabaseRow> {
-    let mut rows = Vec::new();
-    unsafe {
-        let rel = pg_sys::table_open(pg_sys::DatabaseRelationId, pg_sys::AccessShareLock as _);
-        let scan = pg_sys::table_beginscan_catalog(rel, 0, std::ptr::null_mut());
-        loop {
-            let tuple = pg_sys::heap_getnext(scan, pg_sys::ScanDirection::ForwardScanDirection);
-            if tuple.is_null() {
-                break;
-            }
-            let header = (*tuple).t_data;
-            let row = &*((header as *const u8).add((*header).t_hoff as usize)
-                as *const pg_sys::FormData_pg_database);
-            rows.push(DatabaseRow {
-                oid: row.oid.to_u32(),
-                name: CStr::from_ptr(row.datname.data.as_ptr())
-                    .to_string_lossy()
-                    .into_owned(),
-                owner: row.datdba.to_u32(),
-                allows_connections: row.datallowconn,
-                template: row.datistemplate,
-                invalid: row.datconnlimit == -2,
-            });
-        }
-        pg_sys::table_endscan(scan);
-        pg_sys::table_close(rel, pg_sys::AccessShareLock as _);
-    }
-    rows
 }
 
 /// Whether someone holds or waits for the database object `database` in a mode that keeps
@@ -969,28 +891,14 @@ pub extern "C-unwind" fn lockext_reaper_main(arg: pg_sys::Datum) {
     // dropped since makes PostgreSQL end this process (FATAL, "does not exist").
     BackgroundWorker::connect_worker_to_spi_by_oid(Some(database), None);
     answer_to_owner(owner);
-    unsafe { pg_sys::pgstat_report_appname(c"lockext reaper".as_ptr()) };
+    worker::report_name(c"lockext reaper");
     pin_search_path();
     // A round never queues behind a lock (a DDL statement, or a database owner's VACUUM
     // FULL waiting behind its own open transaction) for long: it fails, backs off, and
     // gives its slot to another database's round.
-    unsafe {
-        pg_sys::SetConfigOption(
-            c"lock_timeout".as_ptr(),
-            c"1s".as_ptr(),
-            pg_sys::GucContext::PGC_SUSET,
-            pg_sys::GucSource::PGC_S_OVERRIDE,
-        )
-    };
+    worker::override_setting(c"lock_timeout", c"1s");
     // Reaping is cleanup: a batch lost in a crash is deleted again in the next round.
-    unsafe {
-        pg_sys::SetConfigOption(
-            c"synchronous_commit".as_ptr(),
-            c"off".as_ptr(),
-            pg_sys::GucContext::PGC_SUSET,
-            pg_sys::GucSource::PGC_S_OVERRIDE,
-        )
-    };
+    worker::override_setting(c"synchronous_commit", c"off");
     let outcome = if backend::in_recovery() {
         Outcome::Standby
     } else {
@@ -1148,7 +1056,7 @@ fn reap_round(
         }
         pg_sys::check_for_interrupts!();
         if BackgroundWorker::sighup_received() {
-            unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
+            worker::reload_settings();
         }
     }
 }
@@ -1277,7 +1185,7 @@ pub fn reap_batch(limit: i32, sweep: bool) -> Result<(u64, bool), LockError> {
         };
         if keys.iter().any(|k| !k.is_empty()) {
             more |= keys[0].len() >= limit as usize || keys[2].len() >= limit as usize;
-            unsafe { pg_sys::pgstat_clear_backend_activity_snapshot() };
+            worker::forget_activity_snapshot();
             let [a, b, c, d] = <[Vec<TextBuf>; 4]>::try_from(keys)
                 .map_err(|_| LockError::MissingColumn { name: "keys" })?;
             total += ended(
