@@ -1,7 +1,7 @@
 # lockext: the conventional entry points, as thin wrappers over scripts/.
 #   make run            set up this machine, build, install, start a scratch cluster, psql
 #   make test           set up this machine, then run every test (lint first)
-#   make lint           no import circles, rustfmt --check and clippy -D warnings
+#   make lint           no import circles, unsafe only where listed, rustfmt --check and clippy -D warnings
 #   make install        build the extension (release) into PostgreSQL $(PG) (15: Debian's)
 #   make installcheck   SQL spec (pg_regress) and concurrency spec (isolation) on the scratch cluster
 #   make bench          benchmarks side by side, report in bench/results/
@@ -109,6 +109,7 @@ lint:
 	python3 scripts/check_imports.py
 	python3 scripts/check_links.py
 	bash scripts/test_checkers.sh
+	python3 scripts/check_unsafe.py
 	cargo fmt --all --check
 	cargo clippy --release --all-targets -p lockext -- -D warnings
 	cargo clippy --release --all-targets -p lockext --no-default-features --features pg18 -- -D warnings

@@ -1,6 +1,17 @@
-//! This backend, as PostgreSQL's globals describe it, read in one place: its process, its
-//! database, its start, its role, its transaction, and the server's clock. Everything else
-//! asks here instead of reading `pg_sys` globals itself.
+//! This backend and its server, as PostgreSQL's globals describe them, read in one place:
+//! its process, its database, its start, its role, its transaction, the server's identity,
+//! timeline, data directory and limits, and the server's clock. Everything else asks here
+//! instead of reading `pg_sys` globals itself.
+//!
+//! Why reading them is sound, once for all: every global read here is a plain value
+//! (an integer, an oid, a flag, a pointer PostgreSQL sets once at start-up) of this
+//! process, set before any extension code runs and only ever written by this process's
+//! own thread (PostgreSQL backends are single-threaded; pgrx calls us on that thread).
+//! Every function called here takes no pointer from us, or one to a value we own for the
+//! call, and is one PostgreSQL documents as callable from any backend code.
+
+use std::ffi::CStr;
+use std::path::PathBuf;
 
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -70,4 +81,157 @@ pub fn now() -> Result<TimestampWithTimeZone, LockError> {
     let now = TimestampWithTimeZone::try_from(clock()).map_err(|_| LockError::ClockOutOfRange);
     crate::explore::point(|| "after reading the clock".into());
     now
+}
+
+/// When the server started (`pg_postmaster_start_time()`), if it is in range.
+pub fn server_started() -> Option<TimestampWithTimeZone> {
+    TimestampWithTimeZone::try_from(unsafe { pg_sys::PgStartTime }).ok()
+}
+
+/// The timeline this server inserts WAL on; 0 in a backend of a server still in recovery.
+pub fn wal_timeline() -> u32 {
+    unsafe { pg_sys::GetWALInsertionTimeLine() }
+}
+
+/// The server's data directory. `DataDir` is set (absolute, NUL-terminated) before
+/// shared_preload_libraries are loaded, and never changed after.
+pub fn data_dir() -> PathBuf {
+    let data = unsafe { CStr::from_ptr(pg_sys::DataDir) };
+    PathBuf::from(data.to_string_lossy().into_owned())
+}
+
+/// Whether this is pg_upgrade's server (started with -b).
+pub fn binary_upgrade() -> bool {
+    unsafe { pg_sys::IsBinaryUpgrade }
+}
+
+/// Whether shared_preload_libraries are being loaded now: only then can an extension ask
+/// for shared memory and register background workers.
+pub fn preloading() -> bool {
+    unsafe { pg_sys::process_shared_preload_libraries_in_progress }
+}
+
+/// The session's role as the outermost code sees it (`session_user` after SET ROLE), not
+/// a SECURITY DEFINER function's.
+pub fn outer_user() -> pg_sys::Oid {
+    unsafe { pg_sys::GetOuterUserId() }
+}
+
+/// Whether a maintenance operation (ANALYZE, REINDEX, an index expression...) runs the
+/// current code as a table owner.
+pub fn in_security_restricted_operation() -> bool {
+    unsafe { pg_sys::InSecurityRestrictedOperation() }
+}
+
+/// Whether a parallel operation is under way (no snapshot can be taken then).
+pub fn in_parallel_mode() -> bool {
+    unsafe { pg_sys::IsInParallelMode() }
+}
+
+/// The current subtransaction's id (1 for the top level).
+pub fn subtransaction() -> pg_sys::SubTransactionId {
+    unsafe { pg_sys::GetCurrentSubTransactionId() }
+}
+
+/// The database's server encoding (a `pg_enc` number).
+pub fn database_encoding() -> i32 {
+    unsafe { pg_sys::GetDatabaseEncoding() }
+}
+
+/// How many backends the server has room for (`MaxBackends`), set before shared memory is
+/// asked for.
+pub fn max_backends() -> i32 {
+    unsafe { pg_sys::MaxBackends }
+}
+
+/// max_locks_per_transaction.
+pub fn max_locks_per_transaction() -> i32 {
+    unsafe { pg_sys::max_locks_per_xact }
+}
+
+// access/twophase.h (the max_prepared_transactions setting), which pgrx does not bind.
+unsafe extern "C" {
+    static max_prepared_xacts: std::os::raw::c_int;
+}
+
+/// max_prepared_transactions.
+pub fn max_prepared_transactions() -> i32 {
+    unsafe { max_prepared_xacts }
+}
+
+/// The user and security context the current code runs as.
+pub fn user_and_context() -> (pg_sys::Oid, i32) {
+    let (mut user, mut context) = (pg_sys::InvalidOid, 0);
+    // Two out-parameters we own, written before the call returns.
+    unsafe { pg_sys::GetUserIdAndSecContext(&mut user, &mut context) };
+    (user, context)
+}
+
+/// Makes `user` and `context` current (as SECURITY DEFINER functions do); the caller puts
+/// the previous ones back (it owns the restore, on every path out).
+pub fn set_user_and_context(user: pg_sys::Oid, context: i32) {
+    unsafe { pg_sys::SetUserIdAndSecContext(user, context) };
+}
+
+/// Writes `role` into this process's entry of the process array (`MyProc->roleId`), which
+/// PostgreSQL's signalling rules read. `MyProc` is this process's own entry, set before a
+/// background worker's main function runs; only this process writes its `roleId`.
+pub fn set_process_role(role: pg_sys::Oid) {
+    unsafe { (*pg_sys::MyProc).roleId = role };
+}
+
+/// Asks checkpoints to wait (`DELAY_CHKPT_START`) or stop waiting for this process: set
+/// between writing a WAL record and what it describes. A flag of this process's own entry.
+pub fn delay_checkpoint_start(delay: bool) {
+    let flag = pg_sys::DELAY_CHKPT_START as i32;
+    unsafe {
+        if delay {
+            (*pg_sys::MyProc).delayChkptFlags |= flag;
+        } else {
+            (*pg_sys::MyProc).delayChkptFlags &= !flag;
+        }
+    }
+}
+
+/// Runs `hook` when this process exits (`before_shmem_exit`: shared memory and the
+/// catalogs are still there; hooks run last registered first). Sound: the function
+/// pointer travels as the callback's Datum argument, the same size as a pointer, and is
+/// turned back into the very `fn()` it was made from; the trampoline is `#[pg_guard]`, so
+/// an ERROR or a panic in `hook` never unwinds into PostgreSQL's C frames.
+pub fn at_exit(hook: fn()) {
+    unsafe { pg_sys::before_shmem_exit(Some(run_exit_hook), pg_sys::Datum::from(hook as usize)) };
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn run_exit_hook(_code: std::ffi::c_int, arg: pg_sys::Datum) {
+    let hook = unsafe { std::mem::transmute::<usize, fn()>(arg.value()) };
+    hook();
+}
+
+/// The fraction of the server's notification queue in use (`pg_notification_queue_usage()`,
+/// called directly: a SQL-callable C function of no arguments, which reads shared memory
+/// under its own lock and returns a float8 by value).
+pub fn notification_queue_usage() -> f64 {
+    unsafe { pgrx::direct_function_call::<f64>(pg_sys::pg_notification_queue_usage, &[]) }
+        .unwrap_or(0.0)
+}
+
+/// Sleeps `ms` milliseconds on this backend's latch in an exit hook, seen as an
+/// `Extension` wait in pg_stat_activity; false when the postmaster is gone (there is then
+/// nothing to wait for). Answers no interrupt: the backend is already on its way out, and
+/// `WL_EXIT_ON_PM_DEATH` would start its exit again from inside it. Sound: `MyLatch` is
+/// this process's own latch, set up before any hook can run.
+pub fn nap_at_exit(ms: i64) -> bool {
+    let events = (pg_sys::WL_LATCH_SET | pg_sys::WL_TIMEOUT | pg_sys::WL_POSTMASTER_DEATH) as i32;
+    let woke = unsafe {
+        let woke = pg_sys::WaitLatch(pg_sys::MyLatch, events, ms, pg_sys::PG_WAIT_EXTENSION);
+        pg_sys::ResetLatch(pg_sys::MyLatch);
+        woke
+    };
+    woke & pg_sys::WL_POSTMASTER_DEATH as i32 == 0
+}
+
+/// Sleeps `micros` microseconds (interrupts are the caller's to check).
+pub fn sleep_us(micros: i64) {
+    unsafe { pg_sys::pg_usleep(micros as _) };
 }

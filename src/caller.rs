@@ -24,18 +24,17 @@
 //! (membership with INHERIT; superusers have them).
 
 use std::cell::Cell;
-use std::ffi::CStr;
 
 use pgrx::pg_sys;
 
 use crate::backend;
+use crate::catalog;
 use crate::error::LockError;
-use crate::statements::{first_value, Statement};
-use crate::text::Text;
+use crate::statements::{first_named, Args, Named};
 
-static SCHEMA_OWNER: Statement = Statement {
+static SCHEMA_OWNER: Named = Named {
     sql: include_str!("../sql/run/caller/schema_owner.sql"),
-    params: &[pg_sys::BuiltinOid::OIDOID],
+    params: &[("schema", pg_sys::BuiltinOid::OIDOID)],
 };
 
 thread_local! {
@@ -61,29 +60,26 @@ struct Restore {
 
 impl Drop for Restore {
     fn drop(&mut self) {
-        unsafe { pg_sys::SetUserIdAndSecContext(self.user, self.context) };
+        backend::set_user_and_context(self.user, self.context);
         CALLER.with(|c| c.set(self.caller));
     }
 }
 
 /// Runs `body` for the current user, as the owner of lockext's tables.
 pub fn as_owner<R>(body: impl FnOnce() -> Result<R, LockError>) -> Result<R, LockError> {
-    let (mut user, mut context) = (pg_sys::InvalidOid, 0);
-    unsafe { pg_sys::GetUserIdAndSecContext(&mut user, &mut context) };
+    let (user, context) = backend::user_and_context();
     let owner = owner()?;
     let _restore = Restore {
         user,
         context,
         caller: CALLER.with(|c| c.replace(Some(user))),
     };
-    unsafe {
-        pg_sys::SetUserIdAndSecContext(owner, context | pg_sys::SECURITY_LOCAL_USERID_CHANGE as i32)
-    };
+    backend::set_user_and_context(owner, context | pg_sys::SECURITY_LOCAL_USERID_CHANGE as i32);
     body()
 }
 
 fn owner() -> Result<pg_sys::Oid, LockError> {
-    let schema = unsafe { pg_sys::get_namespace_oid(c"lockext".as_ptr(), true) };
+    let schema = catalog::lockext_schema();
     if let Some((cached, owner)) = OWNER.with(|o| o.get()) {
         if cached == schema {
             return Ok(owner);
@@ -92,7 +88,10 @@ fn owner() -> Result<pg_sys::Oid, LockError> {
     // Through a prepared read (`Statement`), which assigns no transaction id: on a hot
     // standby the function must still get as far as saying "connect to the primary".
     let owner = pgrx::Spi::connect_mut(|client| {
-        first_value::<pg_sys::Oid>(SCHEMA_OWNER.run(client, &[schema.into()])?)
+        first_named::<pg_sys::Oid>(
+            SCHEMA_OWNER.run(client, Args::new().set("schema", schema))?,
+            "nspowner",
+        )
     })?
     .ok_or(LockError::MissingColumn { name: "nspowner" })?;
     OWNER.with(|o| o.set(Some((schema, owner))));
@@ -107,8 +106,7 @@ fn owner() -> Result<pg_sys::Oid, LockError> {
 /// statements that let an administrator renew or release another role's lease ask the
 /// same (`pg_has_role(..., 'USAGE')`).
 pub fn is_admin() -> bool {
-    let admin = unsafe { pg_sys::get_role_oid(c"lockext_admin".as_ptr(), true) };
-    admin != pg_sys::InvalidOid && unsafe { pg_sys::has_privs_of_role(role(), admin) }
+    catalog::has_privileges_of_named(role(), c"lockext_admin")
 }
 
 /// The role whose privileges a function needs.
@@ -128,23 +126,11 @@ pub fn require(needs: Needs) -> Result<(), LockError> {
         Needs::Admin { action } => (c"lockext_admin", "lockext_admin", action),
     };
     let user = backend::current_user();
-    let needed = unsafe { pg_sys::get_role_oid(role.as_ptr(), true) };
-    if needed != pg_sys::InvalidOid && unsafe { pg_sys::has_privs_of_role(user, needed) } {
+    if catalog::has_privileges_of_named(user, role) {
         return Ok(());
     }
-    let (name, grantee) = unsafe {
-        let name = pg_sys::GetUserNameFromId(user, true);
-        if name.is_null() {
-            (user.to_u32().to_string(), user.to_u32().to_string())
-        } else {
-            // A role name is text in the encoding of the database that created it.
-            let quoted = CStr::from_ptr(pg_sys::quote_identifier(name));
-            (
-                Text::new(CStr::from_ptr(name).to_bytes()).to_string(),
-                Text::new(quoted.to_bytes()).to_string(),
-            )
-        }
-    };
+    let (name, grantee) = catalog::role_name(user)
+        .unwrap_or_else(|| (user.to_u32().to_string(), user.to_u32().to_string()));
     Err(LockError::NotPermitted {
         action,
         role: name,

@@ -34,6 +34,7 @@ use pgrx::{
 use crate::backend;
 use crate::caller;
 use crate::error::LockError;
+use crate::locktable::{self, Tried};
 use crate::settings;
 use crate::text::Text;
 
@@ -72,7 +73,7 @@ pub struct Gate {
 impl Gate {
     pub fn reopen(self) {
         if self.newly_taken {
-            unsafe { pg_sys::LockRelease(&self.tag, self.mode.lockmode(), false) };
+            locktable::unlock(&self.tag, self.mode.lockmode());
             forget_claim();
         }
     }
@@ -92,7 +93,7 @@ pub fn try_gate(lock_id: Text<'_>, mode: Mode) -> Result<Option<Gate>, LockError
     // read, then the bulk load pass and insert, then the gate be taken.
     if bulk_load_in_flight() {
         if newly_taken {
-            unsafe { pg_sys::LockRelease(&tag, mode.lockmode(), false) };
+            locktable::unlock(&tag, mode.lockmode());
         }
         return Ok(None); // its leases are inserted past gates it does not keep
     }
@@ -100,14 +101,14 @@ pub fn try_gate(lock_id: Text<'_>, mode: Mode) -> Result<Option<Gate>, LockError
         // The database-wide claim refuses every other acquire in the database while this
         // transaction lasts: an operator's bulk load may take it, not any member.
         if mode == Mode::Shared || !caller::is_admin() {
-            unsafe { pg_sys::LockRelease(&tag, mode.lockmode(), false) };
+            locktable::unlock(&tag, mode.lockmode());
             return Err(LockError::TooManyClaims);
         }
         // Raised while this id's gate is still held: whoever passes it next, after it is
         // given back, sees the flag and tests the bulk claim (`bulk_load_in_flight`).
         raise_bulk_flag();
         let bulk = try_lock(&tag_of(BULK_TAG, 0), Mode::Exclusive);
-        unsafe { pg_sys::LockRelease(&tag, mode.lockmode(), false) };
+        locktable::unlock(&tag, mode.lockmode());
         if bulk.is_none() {
             return Ok(None);
         }
@@ -141,7 +142,7 @@ pub fn try_claim_row(lock_id: Text<'_>, owner: Text<'_>) -> Result<bool, LockErr
     match try_lock(&tag, Mode::Exclusive) {
         None => Ok(false),
         Some(true) if !keep_another_claim() => {
-            unsafe { pg_sys::LockRelease(&tag, Mode::Exclusive.lockmode(), false) };
+            locktable::unlock(&tag, Mode::Exclusive.lockmode());
             Err(LockError::TooManyClaims)
         }
         Some(_) => Ok(true),
@@ -160,10 +161,10 @@ pub fn try_kind(lock_id: Text<'_>, semaphore: bool) -> Result<bool, LockError> {
     } else {
         pg_sys::RowExclusiveLock
     } as pg_sys::LOCKMODE;
-    match unsafe { pg_sys::LockAcquire(&tag, mode, false, true) } {
-        pg_sys::LockAcquireResult::LOCKACQUIRE_NOT_AVAIL => Ok(false),
-        pg_sys::LockAcquireResult::LOCKACQUIRE_OK if !keep_another_claim() => {
-            unsafe { pg_sys::LockRelease(&tag, mode, false) };
+    match locktable::try_lock(&tag, mode) {
+        Tried::NotAvailable => Ok(false),
+        Tried::Taken if !keep_another_claim() => {
+            locktable::unlock(&tag, mode);
             Err(LockError::TooManyClaims)
         }
         _ => Ok(true),
@@ -176,7 +177,7 @@ pub struct SlotClaim(pg_sys::LOCKTAG, bool);
 impl SlotClaim {
     pub fn give_back(self) {
         if self.1 {
-            unsafe { pg_sys::LockRelease(&self.0, Mode::Exclusive.lockmode(), false) };
+            locktable::unlock(&self.0, Mode::Exclusive.lockmode());
             forget_claim();
         }
     }
@@ -189,7 +190,7 @@ pub fn try_claim_slot(lock_id: Text<'_>, slot: i32) -> Result<Option<SlotClaim>,
     match try_lock(&tag, Mode::Exclusive) {
         None => Ok(None),
         Some(true) if !keep_another_claim() => {
-            unsafe { pg_sys::LockRelease(&tag, Mode::Exclusive.lockmode(), false) };
+            locktable::unlock(&tag, Mode::Exclusive.lockmode());
             Err(LockError::TooManyClaims)
         }
         Some(newly_taken) => Ok(Some(SlotClaim(tag, newly_taken))),
@@ -207,11 +208,6 @@ static BULK_LOADS: PgAtomic<AtomicU32> = unsafe { PgAtomic::new(c"lockext_bulk_l
 
 pub fn init_shared_memory() {
     pg_shmem_init!(BULK_LOADS);
-}
-
-// access/twophase.h (the max_prepared_transactions setting), which pgrx does not bind.
-unsafe extern "C" {
-    static max_prepared_xacts: std::os::raw::c_int;
 }
 
 thread_local! {
@@ -244,7 +240,7 @@ fn raise_bulk_flag() {
 /// its claim and its rows, and the flag starts again at zero.
 fn bulk_load_in_flight() -> bool {
     if settings::preloaded()
-        && unsafe { max_prepared_xacts } == 0
+        && backend::max_prepared_transactions() == 0
         && BULK_LOADS.get().load(Ordering::SeqCst) == 0
     {
         return false;
@@ -253,7 +249,7 @@ fn bulk_load_in_flight() -> bool {
     match try_lock(&tag, Mode::Shared) {
         None => true,
         Some(true) => {
-            unsafe { pg_sys::LockRelease(&tag, Mode::Shared.lockmode(), false) };
+            locktable::unlock(&tag, Mode::Shared.lockmode());
             false
         }
         Some(false) => false,
@@ -263,10 +259,10 @@ fn bulk_load_in_flight() -> bool {
 /// Some(true) when newly taken, Some(false) when this transaction held it already, None
 /// when another transaction holds it in a conflicting mode.
 fn try_lock(tag: &pg_sys::LOCKTAG, mode: Mode) -> Option<bool> {
-    match unsafe { pg_sys::LockAcquire(tag, mode.lockmode(), false, true) } {
-        pg_sys::LockAcquireResult::LOCKACQUIRE_NOT_AVAIL => None,
-        pg_sys::LockAcquireResult::LOCKACQUIRE_OK => Some(true),
-        _ => Some(false),
+    match locktable::try_lock(tag, mode.lockmode()) {
+        Tried::NotAvailable => None,
+        Tried::Taken => Some(true),
+        Tried::AlreadyHeld => Some(false),
     }
 }
 
@@ -322,8 +318,8 @@ fn watch_subtransactions() {
 /// Counts a kept claim against this transaction's budget; false when the budget is spent.
 fn keep_another_claim() -> bool {
     watch_subtransactions();
-    let budget = unsafe { pg_sys::max_locks_per_xact } / 2;
-    let sub = unsafe { pg_sys::GetCurrentSubTransactionId() };
+    let budget = backend::max_locks_per_transaction() / 2;
+    let sub = backend::subtransaction();
     with_kept(|kept| {
         if kept.iter().map(|(_, n)| n).sum::<i32>() >= budget {
             return false;

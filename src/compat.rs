@@ -32,8 +32,6 @@
 //! sql/lockext--0.1.0--0.2.0.sql; they are valid on 0.3.0's tables too, for a call that
 //! started before an update committed and ran on after it.
 
-use std::ffi::CStr;
-
 use pgrx::datum::DatumWithOid;
 use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::pg_sys::{self, BuiltinOid::*};
@@ -41,10 +39,11 @@ use pgrx::prelude::*;
 use pgrx::PgSqlErrorCode;
 
 use crate::backend;
+use crate::catalog;
 use crate::commit;
 use crate::error::{self, LockError, OrReport};
 use crate::lease;
-use crate::statements::{first_value, Statement};
+use crate::statements::{first_named, Args, Named, Statement};
 use crate::stats::{self, Counter};
 use crate::text::{Jsonb, Text, TextBuf};
 use crate::wait;
@@ -69,14 +68,19 @@ impl Older {
     }
 }
 
-static INSTALLED: Statement = Statement {
+static INSTALLED: Named = Named {
     sql: include_str!("../sql/run/compat/installed_version.sql"),
     params: &[],
 };
 
 /// The version of lockext's SQL objects in this database, if it has any.
 pub fn installed_version() -> Result<Option<String>, LockError> {
-    Spi::connect_mut(|client| Ok(first_value::<String>(INSTALLED.run(client, &[])?)?))
+    Spi::connect_mut(|client| {
+        Ok(first_named::<String>(
+            INSTALLED.run(client, Args::new())?,
+            "extversion",
+        )?)
+    })
 }
 
 /// What the reaper of a database whose SQL is `version` says while it waits.
@@ -88,13 +92,8 @@ pub fn reaper_waits(version: &str) -> String {
 }
 
 fn database_name() -> String {
-    let name = unsafe { pg_sys::get_database_name(backend::database()) };
-    if name.is_null() {
-        return format!("oid {}", backend::database().to_u32());
-    }
-    unsafe { CStr::from_ptr(name) }
-        .to_string_lossy()
-        .into_owned()
+    catalog::database_name(backend::database())
+        .unwrap_or_else(|| format!("oid {}", backend::database().to_u32()))
 }
 
 /// Raises 55000 for `function`, called by SQL objects at `version`, with `detail`.
@@ -205,7 +204,7 @@ fn lock_acquire_all() -> TableIterator<
 /// administrator's path here), as it could with 0.2.0 itself; renew and release decide
 /// availability, never which token is newer.
 fn session_role(function: &'static str, version: Older) -> pg_sys::Oid {
-    if unsafe { pg_sys::InSecurityRestrictedOperation() } {
+    if backend::in_security_restricted_operation() {
         refuse(
             function,
             version.name(),
@@ -213,13 +212,12 @@ fn session_role(function: &'static str, version: Older) -> pg_sys::Oid {
              the older SQL's functions (SECURITY DEFINER) do not say whose it is.",
         );
     }
-    unsafe { pg_sys::GetOuterUserId() }
+    backend::outer_user()
 }
 
 fn is_admin(role: pg_sys::Oid) -> bool {
-    let admin = unsafe { pg_sys::get_role_oid(c"lockext_admin".as_ptr(), true) };
     // Its privileges, not mere membership (caller::is_admin says why).
-    admin != pg_sys::InvalidOid && unsafe { pg_sys::has_privs_of_role(role, admin) }
+    catalog::has_privileges_of_named(role, c"lockext_admin")
 }
 
 const RENEW_PARAMS: &[pg_sys::PgBuiltInOids] = &[
@@ -263,13 +261,23 @@ static RELEASE_0_2: [Statement; 2] = [
     },
 ];
 
-static OTHERS_0_1: Statement = Statement {
+static OTHERS_0_1: Named = Named {
     sql: include_str!("../sql/run/compat/others_lease_0_1.sql"),
-    params: &[TEXTOID, TEXTOID, OIDOID, INT8OID],
+    params: &[
+        ("lock_id", TEXTOID),
+        ("owner", TEXTOID),
+        ("role", OIDOID),
+        ("fence_token", INT8OID),
+    ],
 };
-static OTHERS_0_2: Statement = Statement {
+static OTHERS_0_2: Named = Named {
     sql: include_str!("../sql/run/compat/others_lease_0_2.sql"),
-    params: &[TEXTOID, TEXTOID, OIDOID, INT8OID],
+    params: &[
+        ("lock_id", TEXTOID),
+        ("owner", TEXTOID),
+        ("role", OIDOID),
+        ("fence_token", INT8OID),
+    ],
 };
 
 /// A renew or release that found no lease of the caller's: when the caller is a
@@ -290,13 +298,13 @@ fn refuse_if_administering(
         Older::V0_1 => &OTHERS_0_1,
         Older::V0_2 => &OTHERS_0_2,
     };
-    let args = [
-        DatumWithOid::from(lock_id),
-        owner.into(),
-        role.into(),
-        fence_token.into(),
-    ];
-    let others = Spi::connect_mut(|client| first_value::<bool>(statement.run(client, &args)?))?;
+    let args = Args::new()
+        .set("lock_id", lock_id)
+        .set("owner", owner)
+        .set("role", role)
+        .set("fence_token", fence_token);
+    let others =
+        Spi::connect_mut(|client| first_named::<bool>(statement.run(client, args)?, "others"))?;
     if others == Some(true) {
         refuse(
             function,
@@ -455,13 +463,13 @@ fn release(
 
 // ---- lock_check: served ------------------------------------------------------------
 
-static LIVE_0_1: Statement = Statement {
+static LIVE_0_1: Named = Named {
     sql: include_str!("../sql/run/compat/lock_check_0_1.sql"),
-    params: &[TEXTOID, INT8OID],
+    params: &[("lock_id", TEXTOID), ("fence_token", INT8OID)],
 };
-static LIVE_0_2: Statement = Statement {
+static LIVE_0_2: Named = Named {
     sql: include_str!("../sql/run/compat/lock_check_0_2.sql"),
-    params: &[TEXTOID, INT8OID],
+    params: &[("lock_id", TEXTOID), ("fence_token", INT8OID)],
 };
 
 /// 0.1.0 and 0.2.0: `lock_check(lock_id, fence_token)`: whether that grant is live now, by
@@ -472,7 +480,7 @@ fn lock_check(lock_id: Option<Text<'_>>, fence_token: Option<i64>) -> bool {
     let version = older("lock_check");
     let lock_id = error::identifier("lock_id", lock_id).or_report();
     let fence_token = error::token("fence_token", fence_token).or_report();
-    if unsafe { pg_sys::IsInParallelMode() } {
+    if backend::in_parallel_mode() {
         refuse(
             "lock_check",
             version.name(),
@@ -484,24 +492,31 @@ fn lock_check(lock_id: Option<Text<'_>>, fence_token: Option<i64>) -> bool {
         Older::V0_1 => &LIVE_0_1,
         Older::V0_2 => &LIVE_0_2,
     };
-    let args = [DatumWithOid::from(lock_id), fence_token.into()];
+    let args = Args::new()
+        .set("lock_id", lock_id)
+        .set("fence_token", fence_token);
     Spi::connect_mut(|_| {
         statement
-            .read_latest(&args)
+            .read_latest(args)
             .and_then(|row| row.get::<bool>("live"))
     }) == Some(true)
 }
 
 // ---- fencing: served ----------------------------------------------------------------
 
-static ADVANCE_OLDER: Statement = Statement {
+static ADVANCE_OLDER: Named = Named {
     sql: include_str!("../sql/run/compat/advance_mark.sql"),
-    params: &[TEXTOID, INT8OID, JSONBOID, BOOLOID],
+    params: &[
+        ("resource_id", TEXTOID),
+        ("fence_token", INT8OID),
+        ("data", JSONBOID),
+        ("replace", BOOLOID),
+    ],
 };
 
-static MARK: Statement = Statement {
+static MARK: Named = Named {
     sql: include_str!("../sql/run/compat/read_mark.sql"),
-    params: &[TEXTOID],
+    params: &[("resource_id", TEXTOID)],
 };
 
 /// 0.1.0 and 0.2.0: `fenced_update(resource_id, fence_token, data)`.
@@ -533,9 +548,8 @@ fn fence_advance(resource_id: Option<Text<'_>>, fence_token: Option<i64>) -> Opt
             return Ok(None);
         }
         Spi::connect_mut(|client| {
-            Ok(first_value::<i64>(
-                MARK.run(client, &[resource_id.into()])?,
-            )?)
+            let args = Args::new().set("resource_id", resource_id);
+            Ok(first_named::<i64>(MARK.run(client, args)?, "fence_token")?)
         })
     })()
     .or_report()
@@ -557,17 +571,16 @@ fn advance(
     backend::writable_server()?;
     require_issued(fence_token)?;
     let replace = data.is_some();
-    let args = [
-        DatumWithOid::from(resource_id),
-        fence_token.into(),
-        data.into(),
-        replace.into(),
-    ];
+    let args = Args::new()
+        .set("resource_id", resource_id)
+        .set("fence_token", fence_token)
+        .set("data", data)
+        .set("replace", replace);
     // A refused upsert still holds the resource's row (ON CONFLICT locks it before its
     // WHERE says no): undone, so that a refused writer whose transaction stays open holds
     // up no one.
     let accepted = Spi::connect_mut(|client| {
-        xact::kept_if_found(|| Ok((!ADVANCE_OLDER.run(client, &args)?.is_empty()).then_some(())))
+        xact::kept_if_found(|| Ok((!ADVANCE_OLDER.run(client, args)?.is_empty()).then_some(())))
     })?
     .is_some();
     if !accepted {
@@ -577,7 +590,7 @@ fn advance(
 }
 
 // Read under the newest snapshot (`read_latest`): why, in the file's header.
-static ISSUED: Statement = Statement {
+static ISSUED: Named = Named {
     sql: include_str!("../sql/run/compat/issued.sql"),
     params: &[],
 };
@@ -611,7 +624,7 @@ fn highest_of(epoch: Option<i64>, counter: Option<i64>, timeline: i64) -> i64 {
 /// Refuses a token the older versions never issued: a forged one would raise a resource's
 /// mark past every real holder.
 fn require_issued(token: i64) -> Result<(), LockError> {
-    let row = Spi::connect_mut(|_| ISSUED.read_latest(&[]));
+    let row = Spi::connect_mut(|_| ISSUED.read_latest(Args::new()));
     let (epoch, counter) = match row {
         Some(row) => (
             row.get::<i64>("epoch"),
@@ -620,7 +633,7 @@ fn require_issued(token: i64) -> Result<(), LockError> {
         ),
         None => (None, None),
     };
-    let timeline = i64::from(unsafe { pg_sys::GetWALInsertionTimeLine() });
+    let timeline = i64::from(backend::wal_timeline());
     let highest = highest_of(epoch, counter, timeline);
     if token > highest {
         stats::count(Counter::FenceForged);

@@ -31,7 +31,6 @@
 
 use std::time::{Duration, Instant};
 
-use pgrx::datum::DatumWithOid;
 use pgrx::pg_sys::BuiltinOid::*;
 use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
@@ -42,28 +41,32 @@ use crate::error::{self, LockError, OrReport};
 use crate::kind::Request;
 use crate::lease;
 use crate::settings;
-use crate::statements::Statement;
+use crate::statements::{jsonb_by_name, Args, Named};
 use crate::text::{Jsonb, Text, TextBuf};
 use crate::wait;
 use crate::xact;
 
-static SET_VALUE: Statement = Statement {
+static SET_VALUE: Named = Named {
     sql: include_str!("../sql/run/election/set_value.sql"),
     params: &[
-        TEXTOID,
-        TEXTOID,
-        OIDOID,
-        TIMESTAMPTZOID,
-        INT8OID,
-        JSONBOID,
-        BOOLOID,
-        INT8OID,
+        ("lock_id", TEXTOID),
+        ("owner", TEXTOID),
+        ("role", OIDOID),
+        ("now", TIMESTAMPTZOID),
+        ("fence_token", INT8OID),
+        ("value", JSONBOID),
+        ("notify", BOOLOID),
+        ("role_values_size", INT8OID),
     ],
 };
 
-static HOLDERS: Statement = Statement {
+static HOLDERS: Named = Named {
     sql: include_str!("../sql/run/election/holders.sql"),
-    params: &[TEXTOID, TIMESTAMPTZOID, INT8OID],
+    params: &[
+        ("lock_id", TEXTOID),
+        ("now", TIMESTAMPTZOID),
+        ("limit", INT8OID),
+    ],
 };
 
 /// How long an observer sleeps between two looks: how late it may learn of a change.
@@ -267,20 +270,19 @@ fn store(
 ) -> Result<Option<i64>, LockError> {
     let now = backend::now()?;
     let limit = settings::role_values_size();
-    let args: [DatumWithOid<'_>; 8] = [
-        lock_id.into(),
-        owner.into(),
-        caller::role().into(),
-        now.into(),
-        token.into(),
-        value.into(),
-        crate::events::enabled().into(),
-        i64::try_from(limit).unwrap_or(i64::MAX).into(),
-    ];
+    let args = Args::new()
+        .set("lock_id", lock_id)
+        .set("owner", owner)
+        .set("role", caller::role())
+        .set("now", now)
+        .set("fence_token", token)
+        .set("value", value)
+        .set("notify", crate::events::enabled())
+        .set("role_values_size", i64::try_from(limit).unwrap_or(i64::MAX));
     let mut full = false;
     let version = Spi::connect_mut(|client| {
         xact::kept_if_found(|| {
-            let rows = SET_VALUE.run(client, &args)?;
+            let rows = SET_VALUE.run(client, args)?;
             if rows.is_empty() {
                 return Ok(None);
             }
@@ -308,17 +310,19 @@ fn read_holders(
     limit: Option<i64>,
     with_values: bool,
 ) -> Result<Vec<Holder>, LockError> {
-    let mut rows = HOLDERS.run(client, &[lock_id.into(), now.into(), limit.into()])?;
+    let args = Args::new()
+        .set("lock_id", lock_id)
+        .set("now", now)
+        .set("limit", limit);
+    let mut rows = HOLDERS.run(client, args)?;
     let missing = |name| LockError::MissingColumn { name };
     let mut holders = Vec::new();
     while rows.next().is_some() {
         let value = if with_values {
-            rows.get_datum_by_name("value")?
+            jsonb_by_name(&rows, "value")?
         } else {
             None
-        }
-        // SAFETY: a jsonb column of the current row, and SPI is connected.
-        .map(|datum| unsafe { Jsonb::transferred(datum) });
+        };
         holders.push(Holder {
             owner: rows.get_by_name("owner")?.ok_or(missing("owner"))?,
             kind: rows.get_by_name("kind")?.ok_or(missing("kind"))?,

@@ -11,8 +11,7 @@
 
 use std::cell::Cell;
 
-use pgrx::pg_sys;
-
+use crate::backend;
 use crate::settings;
 use crate::stats::{self, Counter};
 
@@ -40,7 +39,5 @@ pub fn enabled() -> bool {
 
 /// `pg_notification_queue_usage()`: the fraction of the notification queue in use.
 fn queue_usage() -> f64 {
-    unsafe {
-        pgrx::direct_function_call::<f64>(pg_sys::pg_notification_queue_usage, &[]).unwrap_or(0.0)
-    }
+    backend::notification_queue_usage()
 }

@@ -23,6 +23,8 @@ use std::ffi::c_void;
 use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
 use pgrx::{pg_guard, pg_sys};
 
+use crate::locktable;
+
 static PAUSE_AT: GucSetting<i32> = GucSetting::<i32>::new(0);
 static TRACE: GucSetting<bool> = GucSetting::<bool>::new(false);
 
@@ -111,10 +113,8 @@ fn wait_to_go_on() {
         locktag_type: pg_sys::LockTagType::LOCKTAG_ADVISORY as u8,
         locktag_lockmethodid: pg_sys::USER_LOCKMETHOD as u8,
     };
-    unsafe {
-        pg_sys::LockAcquire(&tag, pg_sys::ShareLock as pg_sys::LOCKMODE, false, false);
-        pg_sys::LockRelease(&tag, pg_sys::ShareLock as pg_sys::LOCKMODE, false);
-    }
+    locktable::lock(&tag, pg_sys::ShareLock as pg_sys::LOCKMODE);
+    locktable::unlock(&tag, pg_sys::ShareLock as pg_sys::LOCKMODE);
 }
 
 /// A statement's name for a pause point: its file's first line (every file under

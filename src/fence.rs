@@ -15,7 +15,6 @@
 use std::cell::{Cell, RefCell};
 use std::ffi::CStr;
 
-use pgrx::datum::DatumWithOid;
 use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::pg_sys::{self, BuiltinOid::*};
 use pgrx::prelude::*;
@@ -24,7 +23,7 @@ use pgrx::{register_subxact_callback, PgSqlErrorCode, PgSubXactCallbackEvent};
 use crate::backend;
 use crate::caller::{self, Needs};
 use crate::error::{self, LockError, OrReport};
-use crate::statements::{first_value, Statement};
+use crate::statements::{first_named, Args, Named};
 use crate::stats::{self, Counter};
 use crate::text::{Jsonb, Text, TextBuf};
 use crate::token;
@@ -32,40 +31,54 @@ use crate::xact;
 
 // The check and the write are one statement (why, and what a bound resource demands: the
 // file's header).
-static ADVANCE: Statement = Statement {
+static ADVANCE: Named = Named {
     sql: include_str!("../sql/run/fence/advance.sql"),
-    params: &[TEXTOID, INT8OID, JSONBOID, BOOLOID, OIDOID],
+    params: &[
+        ("resource_id", TEXTOID),
+        ("fence_token", INT8OID),
+        ("data", JSONBOID),
+        ("replace", BOOLOID),
+        ("role", OIDOID),
+    ],
 };
 
-static BIND: Statement = Statement {
+static BIND: Named = Named {
     sql: include_str!("../sql/run/fence/bind.sql"),
-    params: &[TEXTOID, TEXTOID],
+    params: &[("resource_id", TEXTOID), ("lock_id", TEXTOID)],
 };
 
-static HIGH_WATER_MARK: Statement = Statement {
+static HIGH_WATER_MARK: Named = Named {
     sql: include_str!("../sql/run/fence/high_water_mark.sql"),
-    params: &[TEXTOID, INT8OID],
+    params: &[("resource_id", TEXTOID), ("fence_token", INT8OID)],
 };
 
 // Read under the newest snapshot (`Statement::read_latest`), as are the next two.
-static EXCLUSIVE_GRANT_LIVE: Statement = Statement {
+static EXCLUSIVE_GRANT_LIVE: Named = Named {
     sql: include_str!("../sql/run/fence/exclusive_grant_live.sql"),
-    params: &[TEXTOID, INT8OID, OIDOID],
+    params: &[
+        ("lock_id", TEXTOID),
+        ("fence_token", INT8OID),
+        ("role", OIDOID),
+    ],
 };
 
-static OWN_LEASE_LIVE: Statement = Statement {
+static OWN_LEASE_LIVE: Named = Named {
     sql: include_str!("../sql/run/fence/own_lease_live.sql"),
-    params: &[TEXTOID, INT8OID, OIDOID],
+    params: &[
+        ("lock_id", TEXTOID),
+        ("fence_token", INT8OID),
+        ("role", OIDOID),
+    ],
 };
 
-static READ_MARK: Statement = Statement {
+static READ_MARK: Named = Named {
     sql: include_str!("../sql/run/fence/read_mark.sql"),
-    params: &[TEXTOID],
+    params: &[("resource_id", TEXTOID)],
 };
 
-static LEASE_IS_LIVE: Statement = Statement {
+static LEASE_IS_LIVE: Named = Named {
     sql: include_str!("../sql/run/fence/lease_is_live.sql"),
-    params: &[TEXTOID, INT8OID],
+    params: &[("lock_id", TEXTOID), ("fence_token", INT8OID)],
 };
 
 /// Stores `data` for `resource_id` if `fence_token` is not older than the newest token
@@ -309,7 +322,7 @@ fn declare(fence_token: Option<i64>) -> Result<(), LockError> {
     // Reading the token sequence takes the tables' owner.
     caller::as_owner(|| Spi::connect_mut(|client| token::require_issued(client, fence_token)))?;
     watch_subtransactions();
-    let sub = unsafe { pg_sys::GetCurrentSubTransactionId() };
+    let sub = backend::subtransaction();
     with_declared(|declared| {
         declared.retain(|d| !(d.role == role && d.sub == sub));
         declared.push(Declared {
@@ -393,8 +406,12 @@ fn fence_only(
         return Ok(None);
     }
     Spi::connect_mut(|client| {
-        Ok(first_value::<i64>(
-            HIGH_WATER_MARK.run(client, &[resource_id.into(), fence_token.into()])?,
+        let args = Args::new()
+            .set("resource_id", resource_id)
+            .set("fence_token", fence_token);
+        Ok(first_named::<i64>(
+            HIGH_WATER_MARK.run(client, args)?,
+            "mark",
         )?)
     })
 }
@@ -406,7 +423,10 @@ fn bind(resource_id: Option<Text<'_>>, lock_id: Option<Text<'_>>) -> Result<(), 
         .transpose()?;
     backend::writable_server()?;
     Spi::connect_mut(|client| {
-        BIND.run(client, &[resource_id.into(), lock_id.into()])?;
+        let args = Args::new()
+            .set("resource_id", resource_id)
+            .set("lock_id", lock_id);
+        BIND.run(client, args)?;
         Ok(())
     })
 }
@@ -427,18 +447,17 @@ fn advance(
     let accepted = Spi::connect_mut(|client| {
         token::require_issued(client, fence_token)?;
         let replace = data.is_some();
-        let args = [
-            DatumWithOid::from(resource_id),
-            fence_token.into(),
-            data.into(),
-            replace.into(),
-            caller::role().into(),
-        ];
+        let args = Args::new()
+            .set("resource_id", resource_id)
+            .set("fence_token", fence_token)
+            .set("data", data)
+            .set("replace", replace)
+            .set("role", caller::role());
         // A refused upsert still holds the resource's row (ON CONFLICT locks it before its
         // WHERE says no): undone, so that a refused writer whose transaction stays open
         // (fenced_update answers false, it raises nothing) holds up no one.
         Ok::<_, LockError>(
-            xact::kept_if_found(|| Ok((!ADVANCE.run(client, &args)?.is_empty()).then_some(())))?
+            xact::kept_if_found(|| Ok((!ADVANCE.run(client, args)?.is_empty()).then_some(())))?
                 .is_some(),
         )
     })?;
@@ -478,7 +497,7 @@ fn read_check(
 fn refusal(resource_id: Text<'_>, fence_token: i64) -> Result<Option<TextBuf>, LockError> {
     let (mark, guard) = Spi::connect_mut(|client| {
         token::require_issued(client, fence_token)?;
-        let rows = READ_MARK.run(client, &[resource_id.into()])?;
+        let rows = READ_MARK.run(client, Args::new().set("resource_id", resource_id))?;
         if rows.is_empty() {
             return Ok::<_, LockError>((None, None));
         }
@@ -521,18 +540,20 @@ fn refusal(resource_id: Text<'_>, fence_token: i64) -> Result<Option<TextBuf>, L
 /// A yes-or-no question about a grant (of `role`'s, when given), under the newest snapshot:
 /// its column `live`.
 fn read_now(
-    question: &'static Statement,
+    question: &'static Named,
     lock_id: Text<'_>,
     fence_token: i64,
     role: Option<pg_sys::Oid>,
 ) -> bool {
-    let mut args = vec![DatumWithOid::from(lock_id), fence_token.into()];
+    let mut args = Args::new()
+        .set("lock_id", lock_id)
+        .set("fence_token", fence_token);
     if let Some(role) = role {
-        args.push(role.into());
+        args = args.set("role", role);
     }
     Spi::connect_mut(|_| {
         question
-            .read_latest(&args)
+            .read_latest(args)
             .and_then(|row| row.get::<bool>("live"))
     }) == Some(true)
 }

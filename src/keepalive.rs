@@ -20,7 +20,6 @@
 //! lease's own renewal (sql/run/grant/clear_dead_exclusive.sql). The reaper ends expired
 //! keep-alives, deletes their leases once free, and then the keep-alive's row.
 
-use pgrx::datum::DatumWithOid;
 use pgrx::pg_sys;
 use pgrx::pg_sys::BuiltinOid::*;
 use pgrx::prelude::*;
@@ -29,53 +28,76 @@ use crate::backend;
 use crate::caller;
 use crate::commit;
 use crate::error::{self, LockError, OrReport, TtlOf};
-use crate::statements::{first_value, Statement};
+use crate::statements::{first_named, Args, Named};
 use crate::stats::{self, Counter};
 use crate::text::TextBuf;
 use crate::token;
 use crate::wait;
 use crate::xact;
 
-static GRANT: Statement = Statement {
+static GRANT: Named = Named {
     sql: include_str!("../sql/run/keepalive/grant.sql"),
-    params: &[INT8OID, OIDOID, INTERVALOID, TIMESTAMPTZOID],
+    params: &[
+        ("keepalive", INT8OID),
+        ("role", OIDOID),
+        ("ttl", INTERVALOID),
+        ("now", TIMESTAMPTZOID),
+    ],
 };
 
-static RENEW: Statement = Statement {
+static RENEW: Named = Named {
     sql: include_str!("../sql/run/keepalive/renew.sql"),
-    params: &[INT8OID, OIDOID, TIMESTAMPTZOID, INTERVALOID],
+    params: &[
+        ("keepalive", INT8OID),
+        ("role", OIDOID),
+        ("now", TIMESTAMPTZOID),
+        ("ttl", INTERVALOID),
+    ],
 };
 
 // Read under the newest snapshot (`Statement::read_latest`).
-static HELD: Statement = Statement {
+static HELD: Named = Named {
     sql: include_str!("../sql/run/keepalive/held.sql"),
-    params: &[INT8OID, OIDOID, TIMESTAMPTZOID],
+    params: &[
+        ("keepalive", INT8OID),
+        ("role", OIDOID),
+        ("now", TIMESTAMPTZOID),
+    ],
 };
 
-static REVOKE: Statement = Statement {
+static REVOKE: Named = Named {
     sql: include_str!("../sql/run/keepalive/revoke.sql"),
-    params: &[INT8OID, OIDOID, TIMESTAMPTZOID, BOOLOID],
+    params: &[
+        ("keepalive", INT8OID),
+        ("role", OIDOID),
+        ("now", TIMESTAMPTZOID),
+        ("notify", BOOLOID),
+    ],
 };
 
-static ATTACH: Statement = Statement {
+static ATTACH: Named = Named {
     sql: include_str!("../sql/run/keepalive/attach.sql"),
-    params: &[INT8OID, OIDOID, TIMESTAMPTZOID],
+    params: &[
+        ("keepalive", INT8OID),
+        ("role", OIDOID),
+        ("now", TIMESTAMPTZOID),
+    ],
 };
 
 // Read under the newest snapshot (`Statement::read_latest`).
-static EXPIRY: Statement = Statement {
+static EXPIRY: Named = Named {
     sql: include_str!("../sql/run/keepalive/expiry.sql"),
-    params: &[INT8OID],
+    params: &[("keepalive", INT8OID)],
 };
 
-static END: Statement = Statement {
+static END: Named = Named {
     sql: include_str!("../sql/run/keepalive/end.sql"),
-    params: &[INT8OID, TIMESTAMPTZOID],
+    params: &[("keepalive", INT8OID), ("now", TIMESTAMPTZOID)],
 };
 
-static ENDED: Statement = Statement {
+static ENDED: Named = Named {
     sql: include_str!("../sql/run/keepalive/ended.sql"),
-    params: &[INT8OID, TIMESTAMPTZOID],
+    params: &[("keepalive", INT8OID), ("now", TIMESTAMPTZOID)],
 };
 
 /// A new keep-alive of the calling role, live for `ttl` (default 30 seconds, the most a
@@ -99,7 +121,12 @@ fn lock_keepalive_grant(
         Spi::connect_mut(|client| {
             let id = token::mint(client)?;
             commit::after_minting();
-            let rows = GRANT.run(client, &[id.into(), role.into(), ttl.into(), now.into()])?;
+            let args = Args::new()
+                .set("keepalive", id)
+                .set("role", role)
+                .set("ttl", ttl)
+                .set("now", now);
+            let rows = GRANT.run(client, args)?;
             let row = rows.first();
             let expires_at = row
                 .get_by_name::<TimestampWithTimeZone, _>("expires_at")?
@@ -132,8 +159,12 @@ fn lock_keepalive_renew(
         let renewed = xact::while_briefly_locked(
             || {
                 Spi::connect_mut(|client| {
-                    let args = [keepalive.into(), role.into(), now.into(), ttl.into()];
-                    xact::kept_if_found(|| Ok(first_value(RENEW.run(client, &args)?)?))
+                    let args = Args::new()
+                        .set("keepalive", keepalive)
+                        .set("role", role)
+                        .set("now", now)
+                        .set("ttl", ttl);
+                    xact::kept_if_found(|| Ok(first_named(RENEW.run(client, args)?, "expires_at")?))
                 })
             },
             || still_held(keepalive, role, now),
@@ -170,9 +201,13 @@ fn lock_keepalive_revoke(keepalive: Option<i64>) -> Option<i64> {
         let ended = xact::while_briefly_locked(
             || {
                 Spi::connect_mut(|client| {
-                    let args = [keepalive.into(), role.into(), now.into(), notify.into()];
+                    let args = Args::new()
+                        .set("keepalive", keepalive)
+                        .set("role", role)
+                        .set("now", now)
+                        .set("notify", notify);
                     xact::kept_if_found(|| {
-                        let rows = REVOKE.run(client, &args)?;
+                        let rows = REVOKE.run(client, args)?;
                         if rows.is_empty() {
                             return Ok(None);
                         }
@@ -198,9 +233,12 @@ fn lock_keepalive_revoke(keepalive: Option<i64>) -> Option<i64> {
 /// Whether the caller's keep-alive is live and not ended, under the newest snapshot: what
 /// a renewal or revocation that found nothing tries again for (`xact::while_briefly_locked`).
 fn still_held(keepalive: i64, role: pg_sys::Oid, now: TimestampWithTimeZone) -> bool {
-    let args = [DatumWithOid::from(keepalive), role.into(), now.into()];
+    let args = Args::new()
+        .set("keepalive", keepalive)
+        .set("role", role)
+        .set("now", now);
     Spi::connect_mut(|_| {
-        HELD.read_latest(&args)
+        HELD.read_latest(args)
             .and_then(|row| row.get::<bool>("held"))
             == Some(true)
     })
@@ -215,8 +253,13 @@ pub fn attach(
     now: TimestampWithTimeZone,
 ) -> Result<(), LockError> {
     let found = Spi::connect_mut(|client| {
-        Ok::<_, LockError>(first_value::<TimestampWithTimeZone>(
-            ATTACH.run(client, &[keepalive.into(), role.into(), now.into()])?,
+        let args = Args::new()
+            .set("keepalive", keepalive)
+            .set("role", role)
+            .set("now", now);
+        Ok::<_, LockError>(first_named::<TimestampWithTimeZone>(
+            ATTACH.run(client, args)?,
+            "expires_at",
         )?)
     })?;
     match found {
@@ -245,7 +288,7 @@ fn lease_expiry(
     };
     let found = Spi::connect_mut(|_| {
         EXPIRY
-            .read_latest(&[keepalive.into()])
+            .read_latest(Args::new().set("keepalive", keepalive))
             .and_then(|row| row.get::<TimestampWithTimeZone>("expires_at"))
     });
     Some(found.unwrap_or(TimestampWithTimeZone::negative_infinity()))
@@ -260,11 +303,11 @@ fn end_keepalive(keepalive: Option<i64>, now: Option<TimestampWithTimeZone>) -> 
         return false;
     };
     Spi::connect_mut(|client| {
-        let args = [DatumWithOid::from(keepalive), now.into()];
-        if first_value::<bool>(END.run(client, &args)?)? == Some(true) {
+        let args = || Args::new().set("keepalive", keepalive).set("now", now);
+        if first_named::<bool>(END.run(client, args())?, "ended")? == Some(true) {
             return Ok::<_, LockError>(true);
         }
-        Ok(first_value::<bool>(ENDED.run(client, &args)?)? == Some(true))
+        Ok(first_named::<bool>(ENDED.run(client, args())?, "ended")? == Some(true))
     })
     .or_report()
 }

@@ -47,6 +47,7 @@ use pgrx::lwlock::PgLwLock;
 use pgrx::pg_sys;
 use pgrx::{pg_guard, pg_shmem_init, PGRXSharedMemory};
 
+use crate::backend;
 use crate::error::LockError;
 use crate::pgversion;
 use crate::settings;
@@ -312,16 +313,15 @@ fn failed(what: &str, e: impl std::fmt::Display) -> LockError {
 }
 
 fn dir() -> PathBuf {
-    let data = unsafe { CStr::from_ptr(pg_sys::DataDir) };
-    PathBuf::from(data.to_string_lossy().into_owned()).join(DIR)
+    backend::data_dir().join(DIR)
 }
 
 /// The timeline this server writes WAL on. Refused during recovery (a hot standby's
 /// backends read 0 there, which would move the ledger): only the redo function touches the
 /// ledger then, with its record's timeline.
 fn timeline_now() -> Result<u32, LockError> {
-    crate::backend::writable_server()?;
-    let timeline = unsafe { pg_sys::GetWALInsertionTimeLine() };
+    backend::writable_server()?;
+    let timeline = backend::wal_timeline();
     if timeline == 0 {
         return Err(LockError::ReadOnlyServer);
     }
@@ -427,14 +427,14 @@ struct CheckpointHeld;
 
 impl CheckpointHeld {
     fn new() -> CheckpointHeld {
-        unsafe { (*pg_sys::MyProc).delayChkptFlags |= pg_sys::DELAY_CHKPT_START as i32 };
+        backend::delay_checkpoint_start(true);
         CheckpointHeld
     }
 }
 
 impl Drop for CheckpointHeld {
     fn drop(&mut self) {
-        unsafe { (*pg_sys::MyProc).delayChkptFlags &= !(pg_sys::DELAY_CHKPT_START as i32) };
+        backend::delay_checkpoint_start(false);
     }
 }
 

@@ -6,6 +6,7 @@ use pgrx::prelude::*;
 
 mod backend;
 mod caller;
+mod catalog;
 mod claims;
 mod commit;
 mod compat;
@@ -19,6 +20,7 @@ mod keepalive;
 mod kind;
 mod lease;
 mod ledger;
+mod locktable;
 mod pgversion;
 mod reaper;
 mod session;
@@ -30,6 +32,7 @@ mod status;
 mod text;
 mod token;
 mod wait;
+mod worker;
 mod xact;
 
 ::pgrx::pg_module_magic!(name, version);
@@ -82,7 +85,7 @@ extension_sql_file!("../sql/privileges.sql", name = "privileges", finalize);
 pub extern "C-unwind" fn _PG_init() {
     error::keep_backtraces_out_of_errors();
     // Shared memory and background workers can only be set up at server start.
-    let preloading = unsafe { pg_sys::process_shared_preload_libraries_in_progress };
+    let preloading = backend::preloading();
     if preloading {
         settings::mark_preloaded();
     }

@@ -47,25 +47,25 @@
 
 use std::cell::Cell;
 use std::collections::{HashMap, HashSet};
-use std::ffi::CStr;
 use std::time::{Duration, Instant};
 
 use pgrx::bgworkers::{
     BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTime, SignalWakeFlags,
 };
-use pgrx::datum::DatumWithOid;
 use pgrx::lwlock::PgLwLock;
 use pgrx::pg_sys::BuiltinOid::*;
 use pgrx::prelude::*;
 use pgrx::{pg_shmem_init, PGRXSharedMemory};
 
 use crate::backend;
+use crate::catalog;
 use crate::error::LockError;
-use crate::pgversion;
+use crate::locktable::{self, Tried};
 use crate::settings;
-use crate::statements::{first_value, Statement};
+use crate::statements::{first_named, Args, Named};
 use crate::status::{self, Reporter};
 use crate::text::TextBuf;
+use crate::worker;
 use crate::xact::in_transaction;
 
 /// When a lease's lock is free for others unless renewed: its expiry plus its lock-delay.
@@ -90,81 +90,97 @@ fn free_at(expires_at: TimestampWithTimeZone, lock_delay: Interval) -> Timestamp
 }
 
 // What one batch deletes: expired exclusive leases, expired shared leases and permits.
-static REAP: [Statement; 2] = [
-    Statement {
+static REAP: [Named; 2] = [
+    Named {
         sql: include_str!("../sql/run/reaper/reap_locks.sql"),
-        params: &[INT4OID, BOOLOID, TIMESTAMPTZOID],
+        params: &[
+            ("limit", INT4OID),
+            ("notify", BOOLOID),
+            ("now", TIMESTAMPTZOID),
+        ],
     },
-    Statement {
+    Named {
         sql: include_str!("../sql/run/reaper/reap_shared_leases.sql"),
-        params: &[INT4OID, BOOLOID, TIMESTAMPTZOID],
+        params: &[
+            ("limit", INT4OID),
+            ("notify", BOOLOID),
+            ("now", TIMESTAMPTZOID),
+        ],
     },
 ];
 
 // And keep-alives (src/keepalive.rs): those expired are ended, then the leases attached
 // to ended ones deleted once free, then the ended ones without leases, in two steps (why
 // two: lock_ended_keepalives.sql).
-static END_KEEPALIVES: Statement = Statement {
+static END_KEEPALIVES: Named = Named {
     sql: include_str!("../sql/run/reaper/end_keepalives.sql"),
-    params: &[INT4OID, TIMESTAMPTZOID],
+    params: &[("limit", INT4OID), ("now", TIMESTAMPTZOID)],
 };
 
-static REAP_ATTACHED: [Statement; 2] = [
-    Statement {
+static REAP_ATTACHED: [Named; 2] = [
+    Named {
         sql: include_str!("../sql/run/reaper/reap_attached_locks.sql"),
-        params: &[INT4OID, BOOLOID, TIMESTAMPTZOID],
+        params: &[
+            ("limit", INT4OID),
+            ("notify", BOOLOID),
+            ("now", TIMESTAMPTZOID),
+        ],
     },
-    Statement {
+    Named {
         sql: include_str!("../sql/run/reaper/reap_attached_shared_leases.sql"),
-        params: &[INT4OID, BOOLOID, TIMESTAMPTZOID],
+        params: &[
+            ("limit", INT4OID),
+            ("notify", BOOLOID),
+            ("now", TIMESTAMPTZOID),
+        ],
     },
 ];
 
-static LOCK_ENDED_KEEPALIVES: Statement = Statement {
+static LOCK_ENDED_KEEPALIVES: Named = Named {
     sql: include_str!("../sql/run/reaper/lock_ended_keepalives.sql"),
-    params: &[INT4OID],
+    params: &[("limit", INT4OID)],
 };
 
-static PURGE_KEEPALIVES: Statement = Statement {
+static PURGE_KEEPALIVES: Named = Named {
     sql: include_str!("../sql/run/reaper/purge_keepalives.sql"),
-    params: &[INT8ARRAYOID],
+    params: &[("keepalives", INT8ARRAYOID)],
 };
 
 // Whether the schema is still the extension owner's.
-static OWN_SCHEMA: Statement = Statement {
+static OWN_SCHEMA: Named = Named {
     sql: include_str!("../sql/run/reaper/own_schema.sql"),
     params: &[],
 };
 
 // And, in a sweep round only, values whose grant is gone that the statement which ended it
 // left behind (src/election.rs), which nobody shows.
-static REAP_VALUES: Statement = Statement {
+static REAP_VALUES: Named = Named {
     sql: include_str!("../sql/run/reaper/reap_values.sql"),
-    params: &[INT4OID],
+    params: &[("limit", INT4OID)],
 };
 
 // When the database next needs a round, read once a round has reaped.
-static NEXT_DUE: Statement = Statement {
+static NEXT_DUE: Named = Named {
     sql: include_str!("../sql/run/reaper/next_due.sql"),
-    params: &[TIMESTAMPTZOID],
+    params: &[("now", TIMESTAMPTZOID)],
 };
 
 // And session-bound leases whose session has ended without releasing them, in two steps
 // (why two: lock_ended_sessions.sql): lock the rows that look dead, then delete those of
 // them that still look dead.
-static LOCK_ENDED_SESSIONS: Statement = Statement {
+static LOCK_ENDED_SESSIONS: Named = Named {
     sql: include_str!("../sql/run/reaper/lock_ended_sessions.sql"),
-    params: &[INT4OID],
+    params: &[("limit", INT4OID)],
 };
 
-static END_LOCKED_SESSIONS: Statement = Statement {
+static END_LOCKED_SESSIONS: Named = Named {
     sql: include_str!("../sql/run/reaper/end_locked_sessions.sql"),
     params: &[
-        BOOLOID,
-        TEXTARRAYOID,
-        TEXTARRAYOID,
-        TEXTARRAYOID,
-        TEXTARRAYOID,
+        ("notify", BOOLOID),
+        ("lock_ids", TEXTARRAYOID),
+        ("owners", TEXTARRAYOID),
+        ("shared_lock_ids", TEXTARRAYOID),
+        ("shared_owners", TEXTARRAYOID),
     ],
 };
 
@@ -273,13 +289,6 @@ pub fn register_launcher() {
         .load();
 }
 
-unsafe extern "C-unwind" {
-    // PostgreSQL's own SIGTERM handler (tcop/postgres.c), by its C symbol: pg_sys::die is a
-    // Rust wrapper around it, which must not run as a signal handler.
-    #[link_name = "die"]
-    fn postgres_die(signal: std::ffi::c_int);
-}
-
 /// Both kinds of process reload settings on SIGHUP, and leave on SIGTERM (a shutdown,
 /// `pg_terminate_backend`) as a backend does, through PostgreSQL's own `die`: it sets
 /// `ProcDiePending`, so the next CHECK_FOR_INTERRUPTS ends the process with FATAL wherever
@@ -287,7 +296,7 @@ unsafe extern "C-unwind" {
 /// be read only between statements, and a statement that ran for minutes kept the server
 /// from stopping.
 fn attach_signal_handlers() {
-    pgversion::on_sigterm(Some(postgres_die));
+    worker::leave_on_sigterm();
     BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP);
 }
 
@@ -297,14 +306,7 @@ fn attach_signal_handlers() {
 /// or an operator that our statements would call as superuser. lockext's SQL functions pin
 /// the path with their SET clause; a worker pins it here, above every other source.
 fn pin_search_path() {
-    unsafe {
-        pg_sys::SetConfigOption(
-            c"search_path".as_ptr(),
-            c"pg_catalog, pg_temp".as_ptr(),
-            pg_sys::GucContext::PGC_SUSET,
-            pg_sys::GucSource::PGC_S_OVERRIDE,
-        )
-    };
+    worker::override_setting(c"search_path", c"pg_catalog, pg_temp");
 }
 
 #[pg_guard]
@@ -326,7 +328,7 @@ pub extern "C-unwind" fn lockext_launcher_main(_arg: pg_sys::Datum) {
             break;
         }
         if BackgroundWorker::sighup_received() {
-            unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
+            worker::reload_settings();
             launcher.reloaded();
         }
     }
@@ -397,28 +399,16 @@ struct Served {
 struct Round {
     database: u32,
     slot: usize,
-    handle: *mut pg_sys::BackgroundWorkerHandle,
+    worker: worker::Started,
 }
 
 impl Round {
     fn stopped(&self) -> bool {
-        let mut pid: pg_sys::pid_t = 0;
-        let status = unsafe { pg_sys::GetBackgroundWorkerPid(self.handle, &mut pid) };
-        matches!(
-            status,
-            pg_sys::BgwHandleStatus::BGWH_STOPPED | pg_sys::BgwHandleStatus::BGWH_POSTMASTER_DIED
-        )
+        self.worker.stopped()
     }
 
     fn terminate(&self) {
-        unsafe { pg_sys::TerminateBackgroundWorker(self.handle) };
-    }
-}
-
-impl Drop for Round {
-    fn drop(&mut self) {
-        // Allocated by RegisterDynamicBackgroundWorker in TopMemoryContext (`start`).
-        unsafe { pg_sys::pfree(self.handle.cast()) };
+        self.worker.terminate();
     }
 }
 
@@ -515,12 +505,12 @@ impl Launcher {
     fn scan(&mut self) {
         // pg_upgrade's server (-b) restores schemas, and drops and creates databases: no
         // round belongs there.
-        let wanted = if unsafe { pg_sys::IsBinaryUpgrade } {
+        let wanted = if backend::binary_upgrade() {
             settings::Databases::Named(Vec::new())
         } else {
             settings::databases()
         };
-        let rows = match in_transaction(|| Ok(database_rows())) {
+        let rows = match in_transaction(|| Ok(catalog::databases())) {
             Ok(rows) => rows,
             Err(message) => {
                 log!("lockext: the launcher could not read pg_database: {message}");
@@ -677,23 +667,14 @@ impl Launcher {
             .set_extra(&db.name)
             .set_notify_pid(backend::pid())
             .set_restart_time(None);
-        let mut worker: pg_sys::BackgroundWorker = (&builder).into();
-        let mut handle: *mut pg_sys::BackgroundWorkerHandle = std::ptr::null_mut();
-        // The handle outlives this call (the round's life): not in a transaction's memory.
-        let registered = unsafe {
-            let old = pg_sys::MemoryContextSwitchTo(pg_sys::TopMemoryContext);
-            let ok = pg_sys::RegisterDynamicBackgroundWorker(&mut worker, &mut handle);
-            pg_sys::MemoryContextSwitchTo(old);
-            ok
-        };
-        if !registered {
+        let Some(worker) = worker::Started::start(&builder) else {
             HANDOFFS.exclusive().slots[slot] = Handoff::default();
             return Err(StartError::NoWorkerSlot);
-        }
+        };
         self.rounds.push(Round {
             database: oid,
             slot,
-            handle,
+            worker,
         });
         Ok(())
     }
@@ -809,18 +790,7 @@ fn reap_interval() -> Duration {
     Duration::from_millis(settings::REAP_INTERVAL_MS.get().max(1) as u64)
 }
 
-/// One row of pg_database, as much of it as the launcher needs.
-struct DatabaseRow {
-    oid: u32,
-    name: String,
-    owner: u32,
-    allows_connections: bool,
-    template: bool,
-    /// `datconnlimit = -2`: a DROP DATABASE that was interrupted; nobody may connect.
-    invalid: bool,
-}
-
-impl DatabaseRow {
+impl catalog::Database {
     fn not_enterable(&self) -> Option<&'static str> {
         if self.template {
             Some("is a template; the reaper never enters one")
@@ -832,38 +802,6 @@ impl DatabaseRow {
             None
         }
     }
-}
-
-/// pg_database, read with a plain scan: a process connected to no database cannot use
-/// catalog indexes until some backend has cached them.
-fn database_rows() -> Vec<DatabaseRow> {
-    let mut rows = Vec::new();
-    unsafe {
-        let rel = pg_sys::table_open(pg_sys::DatabaseRelationId, pg_sys::AccessShareLock as _);
-        let scan = pg_sys::table_beginscan_catalog(rel, 0, std::ptr::null_mut());
-        loop {
-            let tuple = pg_sys::heap_getnext(scan, pg_sys::ScanDirection::ForwardScanDirection);
-            if tuple.is_null() {
-                break;
-            }
-            let header = (*tuple).t_data;
-            let row = &*((header as *const u8).add((*header).t_hoff as usize)
-                as *const pg_sys::FormData_pg_database);
-            rows.push(DatabaseRow {
-                oid: row.oid.to_u32(),
-                name: CStr::from_ptr(row.datname.data.as_ptr())
-                    .to_string_lossy()
-                    .into_owned(),
-                owner: row.datdba.to_u32(),
-                allows_connections: row.datallowconn,
-                template: row.datistemplate,
-                invalid: row.datconnlimit == -2,
-            });
-        }
-        pg_sys::table_endscan(scan);
-        pg_sys::table_close(rel, pg_sys::AccessShareLock as _);
-    }
-    rows
 }
 
 /// Whether someone holds or waits for the database object `database` in a mode that keeps
@@ -881,11 +819,10 @@ fn wanted_elsewhere(database: pg_sys::Oid) -> bool {
         locktag_lockmethodid: pg_sys::DEFAULT_LOCKMETHOD as u8,
     };
     let mode = pg_sys::RowExclusiveLock as pg_sys::LOCKMODE;
-    let got = unsafe { pg_sys::LockAcquire(&tag, mode, false, true) };
-    if got == pg_sys::LockAcquireResult::LOCKACQUIRE_NOT_AVAIL {
+    if locktable::try_lock(&tag, mode) == Tried::NotAvailable {
         return true;
     }
-    unsafe { pg_sys::LockRelease(&tag, mode, false) };
+    locktable::unlock(&tag, mode);
     false
 }
 
@@ -918,7 +855,7 @@ fn job(slot: usize) -> Option<Job> {
 /// limits do not count background workers, and pg_stat_activity shows the session user.
 fn answer_to_owner(owner: pg_sys::Oid) {
     if owner != pg_sys::InvalidOid {
-        unsafe { (*pg_sys::MyProc).roleId = owner };
+        backend::set_process_role(owner);
     }
 }
 
@@ -954,28 +891,14 @@ pub extern "C-unwind" fn lockext_reaper_main(arg: pg_sys::Datum) {
     // dropped since makes PostgreSQL end this process (FATAL, "does not exist").
     BackgroundWorker::connect_worker_to_spi_by_oid(Some(database), None);
     answer_to_owner(owner);
-    unsafe { pg_sys::pgstat_report_appname(c"lockext reaper".as_ptr()) };
+    worker::report_name(c"lockext reaper");
     pin_search_path();
     // A round never queues behind a lock (a DDL statement, or a database owner's VACUUM
     // FULL waiting behind its own open transaction) for long: it fails, backs off, and
     // gives its slot to another database's round.
-    unsafe {
-        pg_sys::SetConfigOption(
-            c"lock_timeout".as_ptr(),
-            c"1s".as_ptr(),
-            pg_sys::GucContext::PGC_SUSET,
-            pg_sys::GucSource::PGC_S_OVERRIDE,
-        )
-    };
+    worker::override_setting(c"lock_timeout", c"1s");
     // Reaping is cleanup: a batch lost in a crash is deleted again in the next round.
-    unsafe {
-        pg_sys::SetConfigOption(
-            c"synchronous_commit".as_ptr(),
-            c"off".as_ptr(),
-            pg_sys::GucContext::PGC_SUSET,
-            pg_sys::GucSource::PGC_S_OVERRIDE,
-        )
-    };
+    worker::override_setting(c"synchronous_commit", c"off");
     let outcome = if backend::in_recovery() {
         Outcome::Standby
     } else {
@@ -1057,7 +980,10 @@ fn reap_round(
             return Ok(Some(None));
         };
         let own = Spi::connect_mut(|client| {
-            Ok::<_, LockError>(first_value::<bool>(OWN_SCHEMA.run(client, &[])?)?)
+            Ok::<_, LockError>(first_named::<bool>(
+                OWN_SCHEMA.run(client, Args::new())?,
+                "own",
+            )?)
         })?;
         if own == Some(true) && !backend::in_recovery() {
             // The token ledger learns of this database's history within a round of the
@@ -1130,7 +1056,7 @@ fn reap_round(
         }
         pg_sys::check_for_interrupts!();
         if BackgroundWorker::sighup_received() {
-            unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
+            worker::reload_settings();
         }
     }
 }
@@ -1176,7 +1102,10 @@ unsafe extern "C-unwind" fn object_access(
 fn next_due() -> Result<pg_sys::TimestampTz, LockError> {
     Spi::connect_mut(|client| {
         let now = backend::now()?;
-        let due = first_value::<TimestampWithTimeZone>(NEXT_DUE.run(client, &[now.into()])?)?;
+        let due = first_named::<TimestampWithTimeZone>(
+            NEXT_DUE.run(client, Args::new().set("now", now))?,
+            "due",
+        )?;
         Ok(due.map_or(status::NEVER, pg_sys::TimestampTz::from))
     })
 }
@@ -1188,59 +1117,65 @@ fn next_due() -> Result<pg_sys::TimestampTz, LockError> {
 pub fn reap_batch(limit: i32, sweep: bool) -> Result<(u64, bool), LockError> {
     Spi::connect_mut(|client| {
         let now = backend::now()?;
-        let args = [
-            DatumWithOid::from(limit),
-            crate::events::enabled().into(),
-            now.into(),
-        ];
+        let notify = crate::events::enabled();
+        let batch = || {
+            Args::new()
+                .set("limit", limit)
+                .set("notify", notify)
+                .set("now", now)
+        };
         let (mut total, mut more) = (0, false);
         let ended = |rows: pgrx::spi::SpiTupleTable<'_>| -> Result<u64, LockError> {
             let n = rows.len() as u64;
             for row in rows {
-                if let Some(lock_id) = row.get::<TextBuf>(1)? {
+                if let Some(lock_id) = row.get_by_name::<TextBuf, _>("lock_id")? {
                     crate::wait::wake_head_at_commit(lock_id.as_text());
                 }
             }
             Ok(n)
         };
         for statement in &REAP {
-            let n = ended(statement.run(client, &args)?)?;
+            let n = ended(statement.run(client, batch())?)?;
             more |= n >= limit as u64;
             total += n;
         }
-        let expired = END_KEEPALIVES.run(client, &[DatumWithOid::from(limit), now.into()])?;
+        let expired =
+            END_KEEPALIVES.run(client, Args::new().set("limit", limit).set("now", now))?;
         more |= expired.len() >= limit as usize;
         for statement in &REAP_ATTACHED {
-            let n = ended(statement.run(client, &args)?)?;
+            let n = ended(statement.run(client, batch())?)?;
             more |= n >= limit as u64;
             total += n;
         }
-        let locked = LOCK_ENDED_KEEPALIVES.run(client, &[DatumWithOid::from(limit)])?;
-        let keepalives: Vec<i64> = first_value::<Vec<Option<i64>>>(locked)?
+        let locked = LOCK_ENDED_KEEPALIVES.run(client, Args::new().set("limit", limit))?;
+        let keepalives: Vec<i64> = first_named::<Vec<Option<i64>>>(locked, "keepalives")?
             .unwrap_or_default()
             .into_iter()
             .flatten()
             .collect();
         if !keepalives.is_empty() {
             let locked_all = keepalives.len() >= limit as usize;
-            let purged = PURGE_KEEPALIVES.run(client, &[keepalives.into()])?.len();
+            let purged = PURGE_KEEPALIVES
+                .run(client, Args::new().set("keepalives", keepalives))?
+                .len();
             more |= locked_all && purged > 0; // a full batch that made progress: go on
         }
         if sweep {
-            let values = REAP_VALUES.run(client, &[DatumWithOid::from(limit)])?;
+            let values = REAP_VALUES.run(client, Args::new().set("limit", limit))?;
             more |= values.len() >= limit as usize;
         }
         // Session-bound leases whose session is gone: lock them, read the backend table
         // afresh, then end those still without a session.
-        let locked = LOCK_ENDED_SESSIONS.run(client, &[DatumWithOid::from(limit)])?;
+        let locked = LOCK_ENDED_SESSIONS.run(client, Args::new().set("limit", limit))?;
+        const KEYS: [&str; 4] = ["lock_ids", "owners", "shared_lock_ids", "shared_owners"];
         let keys: Vec<Vec<TextBuf>> = if locked.is_empty() {
             vec![Vec::new(); 4]
         } else {
             let row = locked.first();
-            (1..=4)
-                .map(|i| {
+            KEYS.iter()
+                .map(|&column| {
                     Ok(row
-                        .get::<Vec<Option<TextBuf>>>(i)?
+                        .get_by_name::<Vec<Option<TextBuf>>, _>(column)?
                         .unwrap_or_default()
                         .into_iter()
                         .flatten()
@@ -1250,19 +1185,20 @@ pub fn reap_batch(limit: i32, sweep: bool) -> Result<(u64, bool), LockError> {
         };
         if keys.iter().any(|k| !k.is_empty()) {
             more |= keys[0].len() >= limit as usize || keys[2].len() >= limit as usize;
-            unsafe { pg_sys::pgstat_clear_backend_activity_snapshot() };
+            worker::forget_activity_snapshot();
             let [a, b, c, d] = <[Vec<TextBuf>; 4]>::try_from(keys)
                 .map_err(|_| LockError::MissingColumn { name: "keys" })?;
-            total += ended(END_LOCKED_SESSIONS.run(
-                client,
-                &[
-                    crate::events::enabled().into(),
-                    a.into(),
-                    b.into(),
-                    c.into(),
-                    d.into(),
-                ],
-            )?)?;
+            total += ended(
+                END_LOCKED_SESSIONS.run(
+                    client,
+                    Args::new()
+                        .set("notify", notify)
+                        .set(KEYS[0], a)
+                        .set(KEYS[1], b)
+                        .set(KEYS[2], c)
+                        .set(KEYS[3], d),
+                )?,
+            )?;
         }
         Ok((total, more))
     })

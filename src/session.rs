@@ -13,7 +13,6 @@
 //! them, so "the session" means nothing; `lockext.session_leases = off` refuses them there.
 
 use std::cell::Cell;
-use std::ffi::c_int;
 use std::time::{Duration, Instant};
 
 use pgrx::pg_sys::BuiltinOid::*;
@@ -22,21 +21,25 @@ use pgrx::prelude::*;
 use crate::backend;
 use crate::error::LockError;
 use crate::settings;
-use crate::statements::{first_value, Statement};
+use crate::statements::{first_named, Args, Named};
 use crate::text::TextBuf;
-use crate::xact::in_transaction;
+use crate::xact::{self, in_transaction};
 
-static END_MINE: Statement = Statement {
+static END_MINE: Named = Named {
     sql: include_str!("../sql/run/session/end_mine.sql"),
-    params: &[INT4OID, TIMESTAMPTZOID, BOOLOID],
+    params: &[
+        ("pid", INT4OID),
+        ("started", TIMESTAMPTZOID),
+        ("notify", BOOLOID),
+    ],
 };
 
-static MINE_LEFT: Statement = Statement {
+static MINE_LEFT: Named = Named {
     sql: include_str!("../sql/run/session/mine_left.sql"),
-    params: &[INT4OID, TIMESTAMPTZOID],
+    params: &[("pid", INT4OID), ("started", TIMESTAMPTZOID)],
 };
 
-static EXIT_SETTINGS: Statement = Statement {
+static EXIT_SETTINGS: Named = Named {
     sql: include_str!("../sql/run/session/exit_settings.sql"),
     params: &[],
 };
@@ -59,7 +62,7 @@ pub fn this_session() -> Result<TimestampWithTimeZone, LockError> {
 /// lease is granted.
 pub fn bind() {
     if !BOUND.get() {
-        unsafe { pg_sys::before_shmem_exit(Some(end_at_exit), pg_sys::Datum::from(0)) };
+        backend::at_exit(end_at_exit);
         BOUND.set(true);
     }
 }
@@ -77,15 +80,13 @@ const EXIT_RETRY_MS: i64 = 5;
 /// until none is left or `EXIT_WAIT` has passed: a lock wait cannot be bounded here
 /// (exit_settings.sql says why). A failure, or a row still held, is only logged: the
 /// reaper ends what is left.
-#[pg_guard]
-unsafe extern "C-unwind" fn end_at_exit(_code: c_int, _arg: pg_sys::Datum) {
-    unsafe { pg_sys::AbortOutOfAnyTransaction() };
+fn end_at_exit() {
+    xact::abort_any();
     let since = Instant::now();
     loop {
-        let left = in_transaction(end_mine);
-        let gave_up = match left {
+        let gave_up = match in_transaction(end_mine) {
             Ok(0) => return,
-            Ok(_) if since.elapsed() < EXIT_WAIT && nap() => continue,
+            Ok(_) if since.elapsed() < EXIT_WAIT && backend::nap_at_exit(EXIT_RETRY_MS) => continue,
             Ok(left) => format!(
                 "{left} of them held by other transactions after {} ms",
                 since.elapsed().as_millis()
@@ -104,45 +105,27 @@ unsafe extern "C-unwind" fn end_at_exit(_code: c_int, _arg: pg_sys::Datum) {
 /// One try of the exit: ends the session's leases that no other transaction holds, wakes
 /// their locks' waiters at commit, and returns how many rows of the session are left.
 fn end_mine() -> Result<i64, LockError> {
-    unsafe {
-        pg_sys::SetUserIdAndSecContext(
-            pg_sys::Oid::from(pg_sys::BOOTSTRAP_SUPERUSERID),
-            pg_sys::SECURITY_LOCAL_USERID_CHANGE as i32,
-        )
-    };
+    backend::set_user_and_context(
+        pg_sys::Oid::from(pg_sys::BOOTSTRAP_SUPERUSERID),
+        pg_sys::SECURITY_LOCAL_USERID_CHANGE as i32,
+    );
     Spi::connect_mut(|client| {
-        EXIT_SETTINGS.run(client, &[])?;
+        EXIT_SETTINGS.run(client, Args::new())?;
         let started = backend::started().ok();
-        let args = [
-            backend::pid().into(),
-            started.into(),
-            settings::NOTIFY.get().into(),
-        ];
-        let rows = END_MINE.run(client, &args)?;
+        let args = Args::new()
+            .set("pid", backend::pid())
+            .set("started", started)
+            .set("notify", settings::NOTIFY.get());
+        let rows = END_MINE.run(client, args)?;
         for row in rows {
-            if let Some(lock_id) = row.get::<TextBuf>(1)? {
+            if let Some(lock_id) = row.get_by_name::<TextBuf, _>("lock_id")? {
                 crate::wait::wake_head_at_commit(lock_id.as_text());
             }
         }
-        let left = MINE_LEFT.run(client, &[backend::pid().into(), started.into()])?;
-        Ok(first_value::<i64>(left)?.unwrap_or(0))
+        let args = Args::new()
+            .set("pid", backend::pid())
+            .set("started", started);
+        let left = MINE_LEFT.run(client, args)?;
+        Ok(first_named::<i64>(left, "rows_left")?.unwrap_or(0))
     })
-}
-
-/// Sleeps `EXIT_RETRY_MS` on the latch, seen as an Extension wait in pg_stat_activity;
-/// false when the postmaster is gone (then there is nothing to wait for). Not
-/// `wait::nap`: that one answers interrupts and a lost client, and this backend is already
-/// on its way out.
-fn nap() -> bool {
-    let woke = unsafe {
-        let woke = pg_sys::WaitLatch(
-            pg_sys::MyLatch,
-            (pg_sys::WL_LATCH_SET | pg_sys::WL_TIMEOUT | pg_sys::WL_POSTMASTER_DEATH) as i32,
-            EXIT_RETRY_MS,
-            pg_sys::PG_WAIT_EXTENSION,
-        );
-        pg_sys::ResetLatch(pg_sys::MyLatch);
-        woke
-    };
-    woke & pg_sys::WL_POSTMASTER_DEATH as i32 == 0
 }

@@ -21,10 +21,151 @@ use pgrx::spi::{OwnedPreparedStatement, SpiClient, SpiResult, SpiTupleTable};
 use pgrx::FromDatum;
 
 use crate::explore;
+use crate::text::Jsonb;
 
+/// A statement whose parameters are passed by position (`[Datum; N]`).
 pub struct Statement {
     pub sql: &'static str,
     pub params: &'static [PgBuiltInOids],
+}
+
+/// A statement whose parameters are passed by name: `params` names each `$N`, in order,
+/// with its type, as the file's header names it (`-- $1 limit (...), $2 now (...)`; a
+/// mismatch is refused when the statement is first prepared). Callers give `Args` by name
+/// and read the columns by name (`first_named`, `get_by_name`).
+pub struct Named {
+    pub sql: &'static str,
+    pub params: &'static [(&'static str, PgBuiltInOids)],
+}
+
+/// The arguments of a `Named` statement, each by its parameter's name.
+#[derive(Default)]
+pub struct Args<'a>(Vec<(&'static str, DatumWithOid<'a>)>);
+
+impl<'a> Args<'a> {
+    pub fn new() -> Self {
+        Args(Vec::new())
+    }
+
+    /// Gives parameter `name` the value `value`.
+    pub fn set(mut self, name: &'static str, value: impl Into<DatumWithOid<'a>>) -> Self {
+        self.0.push((name, value.into()));
+        self
+    }
+}
+
+impl Named {
+    /// `args` in the order of `params`. Every name is a constant of the calling module,
+    /// so a missing or unknown one is lockext's bug, which the tests that run the
+    /// statement catch: refused with an internal error, never run with a value misplaced.
+    fn ordered<'a>(&'static self, args: Args<'a>) -> Vec<DatumWithOid<'a>> {
+        let mut given = args.0;
+        let ordered: Vec<DatumWithOid<'a>> = self
+            .params
+            .iter()
+            .map(
+                |(name, _)| match given.iter().position(|(n, _)| n == name) {
+                    Some(at) => given.swap_remove(at).1,
+                    None => pgrx::error!(
+                        "lockext: no value for ${name} of {}",
+                        explore::statement_name(self.sql)
+                    ),
+                },
+            )
+            .collect();
+        if let Some((name, _)) = given.first() {
+            pgrx::error!(
+                "lockext: {} has no parameter ${name}",
+                explore::statement_name(self.sql)
+            );
+        }
+        ordered
+    }
+
+    fn types(&'static self) -> impl Iterator<Item = PgBuiltInOids> {
+        self.params.iter().map(|(_, oid)| *oid)
+    }
+
+    /// Refuses a statement whose header does not name each parameter `$N name`, in the
+    /// order of `params`: checked once per backend, when the statement is first prepared.
+    fn check_header(&'static self) {
+        let header: String = self
+            .sql
+            .lines()
+            .take_while(|line| line.starts_with("--"))
+            .collect::<Vec<_>>()
+            .join("\n");
+        for (at, (name, _)) in self.params.iter().enumerate() {
+            let wanted = format!("${} {name}", at + 1);
+            let named = header.match_indices(&wanted).any(|(i, _)| {
+                header[i + wanted.len()..]
+                    .chars()
+                    .next()
+                    .is_none_or(|c| !(c.is_alphanumeric() || c == '_'))
+            });
+            if !named {
+                pgrx::error!(
+                    "lockext: the header of {} does not name {wanted}",
+                    explore::statement_name(self.sql)
+                );
+            }
+        }
+    }
+
+    /// As `Statement::run`, with the arguments by name.
+    pub fn run<'conn>(
+        &'static self,
+        client: &mut SpiClient<'conn>,
+        args: Args<'_>,
+    ) -> SpiResult<SpiTupleTable<'conn>> {
+        let args = self.ordered(args);
+        run_kept(
+            self.sql,
+            || (self.check_header(), self.types()).1,
+            client,
+            &args,
+        )
+    }
+
+    /// As `Statement::read_latest`, with the arguments by name.
+    pub fn read_latest(&'static self, args: Args<'_>) -> Option<LatestRow> {
+        let args = self.ordered(args);
+        read_rows(
+            self.sql,
+            || (self.check_header(), self.types()).1,
+            &args,
+            1,
+            latest_snapshot(),
+        )
+        .into_iter()
+        .next()
+    }
+}
+
+/// The jsonb column `column` of the current row of `rows`, copied into the memory of SPI's
+/// caller (`Jsonb::transferred`), where it outlives `SPI_finish`. Sound: `rows` borrows a
+/// connected SPI's tuple table, its current row is one of that table, and the column is
+/// checked to be jsonb before its datum is detoasted (a constant column name of lockext's
+/// statement: another type is lockext's bug, refused with an internal error).
+pub fn jsonb_by_name(rows: &SpiTupleTable<'_>, column: &str) -> SpiResult<Option<Jsonb>> {
+    let ordinal = rows.column_ordinal(column)?;
+    if rows.column_type_oid(ordinal)? != PgOid::BuiltIn(PgBuiltInOids::JSONBOID) {
+        pgrx::error!("lockext: column {column} is not jsonb");
+    }
+    Ok(rows
+        .get_datum_by_ordinal(ordinal)?
+        .map(|datum| unsafe { Jsonb::transferred(datum) }))
+}
+
+/// The column `column` of the first row, or None when there is no row (or it is NULL).
+pub fn first_named<T: pgrx::IntoDatum + pgrx::FromDatum>(
+    rows: SpiTupleTable<'_>,
+    column: &str,
+) -> SpiResult<Option<T>> {
+    if rows.is_empty() {
+        return Ok(None);
+    }
+    rows.first().get_by_name::<T, _>(column)
 }
 
 thread_local! {
@@ -48,23 +189,34 @@ impl Statement {
         client: &mut SpiClient<'conn>,
         args: &[DatumWithOid<'_>],
     ) -> SpiResult<SpiTupleTable<'conn>> {
-        let key = self.sql;
-        let kept = PLANS.with(|plans| plans.borrow().get(key).copied());
-        let plan = match kept {
-            Some(plan) => plan,
-            None => {
-                let oids: Vec<PgOid> = self.params.iter().map(|&o| PgOid::BuiltIn(o)).collect();
-                let plan: &'static OwnedPreparedStatement =
-                    Box::leak(Box::new(client.prepare_mut(self.sql, &oids)?.keep()));
-                PLANS.with(|plans| plans.borrow_mut().insert(key, plan));
-                plan
-            }
-        };
-        explore::point(|| format!("before {}", explore::statement_name(self.sql)));
-        let rows = client.select(plan, None, args);
-        explore::point(|| format!("after {}", explore::statement_name(self.sql)));
-        rows
+        run_kept(self.sql, || self.params.iter().copied(), client, args)
     }
+}
+
+/// Runs `sql` through its plan kept in this backend, prepared first with the parameter
+/// types `types` gives if there is none yet.
+fn run_kept<'conn, I: Iterator<Item = PgBuiltInOids>>(
+    sql: &'static str,
+    types: impl FnOnce() -> I,
+    client: &mut SpiClient<'conn>,
+    args: &[DatumWithOid<'_>],
+) -> SpiResult<SpiTupleTable<'conn>> {
+    let key = sql;
+    let kept = PLANS.with(|plans| plans.borrow().get(key).copied());
+    let plan = match kept {
+        Some(plan) => plan,
+        None => {
+            let oids: Vec<PgOid> = types().map(PgOid::BuiltIn).collect();
+            let plan: &'static OwnedPreparedStatement =
+                Box::leak(Box::new(client.prepare_mut(sql, &oids)?.keep()));
+            PLANS.with(|plans| plans.borrow_mut().insert(key, plan));
+            plan
+        }
+    };
+    explore::point(|| format!("before {}", explore::statement_name(sql)));
+    let rows = client.select(plan, None, args);
+    explore::point(|| format!("after {}", explore::statement_name(sql)));
+    rows
 }
 
 /// The first column of the first row, or None when there is no row (or it is NULL).
@@ -113,29 +265,42 @@ impl Statement {
     }
 
     fn read_latest_rows(&'static self, args: &[DatumWithOid<'_>], limit: i64) -> Vec<LatestRow> {
-        self.read_rows(args, limit, unsafe { pg_sys::GetLatestSnapshot() })
+        read_rows(
+            self.sql,
+            || self.params.iter().copied(),
+            args,
+            limit,
+            latest_snapshot(),
+        )
     }
+}
 
-    /// Under `snapshot`, or with none (null) under the active one.
-    fn read_rows(
-        &'static self,
-        args: &[DatumWithOid<'_>],
-        limit: i64,
-        snapshot: pg_sys::Snapshot,
-    ) -> Vec<LatestRow> {
+/// The newest snapshot: every transaction committed before now. Taken and registered by
+/// PostgreSQL (kept until the transaction ends); the pointer is only handed to SPI.
+fn latest_snapshot() -> pg_sys::Snapshot {
+    unsafe { pg_sys::GetLatestSnapshot() }
+}
+
+/// Runs `sql` under `snapshot`, or with none (null) under the active one, through its raw
+/// plan kept in this backend (prepared with the types `types` gives if there is none yet).
+fn read_rows<I: Iterator<Item = PgBuiltInOids>>(
+    sql_text: &'static str,
+    types: impl FnOnce() -> I,
+    args: &[DatumWithOid<'_>],
+    limit: i64,
+    snapshot: pg_sys::Snapshot,
+) -> Vec<LatestRow> {
+    {
         let plan = RAW_PLANS.with(|plans| {
-            *plans.borrow_mut().entry(self.sql).or_insert_with(|| {
-                let sql = CString::new(self.sql).expect("statement text has no NUL");
-                let mut oids: Vec<pg_sys::Oid> = self
-                    .params
-                    .iter()
-                    .map(|&o| pg_sys::Oid::from(o as u32))
-                    .collect();
+            *plans.borrow_mut().entry(sql_text).or_insert_with(|| {
+                let sql = CString::new(sql_text).expect("statement text has no NUL");
+                let mut oids: Vec<pg_sys::Oid> =
+                    types().map(|o| pg_sys::Oid::from(o as u32)).collect();
                 unsafe {
                     let plan =
                         pg_sys::SPI_prepare(sql.as_ptr(), oids.len() as i32, oids.as_mut_ptr());
                     if plan.is_null() {
-                        pgrx::error!("lockext: cannot prepare {}", self.sql);
+                        pgrx::error!("lockext: cannot prepare {}", sql_text);
                     }
                     pg_sys::SPI_keepplan(plan);
                     plan as usize
@@ -149,60 +314,59 @@ impl Statement {
                 None => (pg_sys::Datum::from(0usize), b'n' as std::os::raw::c_char),
             })
             .unzip();
-        explore::point(|| format!("before {}", explore::statement_name(self.sql)));
-        let rows = self.execute_raw(plan, &mut values, &nulls, limit, snapshot);
-        explore::point(|| format!("after {}", explore::statement_name(self.sql)));
+        explore::point(|| format!("before {}", explore::statement_name(sql_text)));
+        let rows = execute_raw(plan, &mut values, &nulls, limit, snapshot);
+        explore::point(|| format!("after {}", explore::statement_name(sql_text)));
         rows
     }
+}
 
-    fn execute_raw(
-        &'static self,
-        plan: pg_sys::SPIPlanPtr,
-        values: &mut [pg_sys::Datum],
-        nulls: &[std::os::raw::c_char],
-        limit: i64,
-        snapshot: pg_sys::Snapshot,
-    ) -> Vec<LatestRow> {
-        unsafe {
-            let status = pg_sys::SPI_execute_snapshot(
-                plan,
-                values.as_mut_ptr(),
-                nulls.as_ptr(),
-                snapshot,
-                std::ptr::null_mut(),
-                true,
-                false,
-                limit,
-            );
-            let table = pg_sys::SPI_tuptable;
-            if status != pg_sys::SPI_OK_SELECT as i32 || table.is_null() {
-                return Vec::new();
-            }
-            let desc = (*table).tupdesc;
-            let names: Rc<[String]> = (1..=(*desc).natts)
-                .map(|i| {
-                    let name = pg_sys::SPI_fname(desc, i);
-                    std::ffi::CStr::from_ptr(name)
-                        .to_string_lossy()
-                        .into_owned()
-                })
-                .collect();
-            (0..pg_sys::SPI_processed as usize)
-                .map(|r| {
-                    let tuple = *(*table).vals.add(r);
-                    let row = (1..=(*desc).natts)
-                        .map(|i| {
-                            let mut is_null = false;
-                            let d = pg_sys::SPI_getbinval(tuple, desc, i, &mut is_null);
-                            (!is_null).then_some(d)
-                        })
-                        .collect();
-                    LatestRow {
-                        names: names.clone(),
-                        values: row,
-                    }
-                })
-                .collect()
+fn execute_raw(
+    plan: pg_sys::SPIPlanPtr,
+    values: &mut [pg_sys::Datum],
+    nulls: &[std::os::raw::c_char],
+    limit: i64,
+    snapshot: pg_sys::Snapshot,
+) -> Vec<LatestRow> {
+    unsafe {
+        let status = pg_sys::SPI_execute_snapshot(
+            plan,
+            values.as_mut_ptr(),
+            nulls.as_ptr(),
+            snapshot,
+            std::ptr::null_mut(),
+            true,
+            false,
+            limit,
+        );
+        let table = pg_sys::SPI_tuptable;
+        if status != pg_sys::SPI_OK_SELECT as i32 || table.is_null() {
+            return Vec::new();
         }
+        let desc = (*table).tupdesc;
+        let names: Rc<[String]> = (1..=(*desc).natts)
+            .map(|i| {
+                let name = pg_sys::SPI_fname(desc, i);
+                std::ffi::CStr::from_ptr(name)
+                    .to_string_lossy()
+                    .into_owned()
+            })
+            .collect();
+        (0..pg_sys::SPI_processed as usize)
+            .map(|r| {
+                let tuple = *(*table).vals.add(r);
+                let row = (1..=(*desc).natts)
+                    .map(|i| {
+                        let mut is_null = false;
+                        let d = pg_sys::SPI_getbinval(tuple, desc, i, &mut is_null);
+                        (!is_null).then_some(d)
+                    })
+                    .collect();
+                LatestRow {
+                    names: names.clone(),
+                    values: row,
+                }
+            })
+            .collect()
     }
 }

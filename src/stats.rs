@@ -18,43 +18,39 @@ pub const LATENCY_BOUNDS_US: [u64; 10] = [
     50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 50_000, 100_000,
 ];
 
-#[derive(Clone, Copy, Debug)]
-pub enum Counter {
-    AcquiresGranted,
-    AcquiresRefused,
-    TakeOvers,
-    RenewalsOk,
-    RenewalsFailed,
-    ReleasesOk,
-    ReleasesFailed,
-    LeasesReaped,
-    FenceStale,
-    FenceForged,
-    KeepaliveRenewalsOk,
-    KeepaliveRenewalsFailed,
-    EventsSkipped,
-    ReaperDatabasesUnseen,
-    ReaperSlotWaits,
+/// The counters, each in one line: its name in Rust, then its row's name in
+/// `lockext.stats`. The enum, the count and the names are all made from this one list, in
+/// this order (the order of the rows).
+macro_rules! counters {
+    ($($counter:ident => $name:literal,)*) => {
+        #[derive(Clone, Copy, Debug)]
+        pub enum Counter {
+            $($counter,)*
+        }
+
+        const NAMES: &[&str] = &[$($name,)*];
+    };
 }
 
-const COUNTERS: usize = 15;
-const NAMES: [&str; COUNTERS] = [
-    "acquires_granted",
-    "acquires_refused",
-    "take_overs",
-    "renewals_ok",
-    "renewals_failed",
-    "releases_ok",
-    "releases_failed",
-    "leases_reaped",
-    "fence_rejected_stale",
-    "fence_rejected_forged",
-    "keepalive_renewals_ok",
-    "keepalive_renewals_failed",
-    "events_skipped",
-    "reaper_databases_unseen",
-    "reaper_slot_waits",
-];
+counters! {
+    AcquiresGranted => "acquires_granted",
+    AcquiresRefused => "acquires_refused",
+    TakeOvers => "take_overs",
+    RenewalsOk => "renewals_ok",
+    RenewalsFailed => "renewals_failed",
+    ReleasesOk => "releases_ok",
+    ReleasesFailed => "releases_failed",
+    LeasesReaped => "leases_reaped",
+    FenceStale => "fence_rejected_stale",
+    FenceForged => "fence_rejected_forged",
+    KeepaliveRenewalsOk => "keepalive_renewals_ok",
+    KeepaliveRenewalsFailed => "keepalive_renewals_failed",
+    EventsSkipped => "events_skipped",
+    ReaperDatabasesUnseen => "reaper_databases_unseen",
+    ReaperSlotWaits => "reaper_slot_waits",
+}
+
+const COUNTERS: usize = NAMES.len();
 
 #[derive(Default)]
 pub struct Counters {
@@ -121,7 +117,7 @@ fn stats() -> TableIterator<
     }
     let shm = COUNTERS_SHM.get();
     let since = match shm.reset_at.load(Ordering::Relaxed) {
-        0 => unsafe { TimestampWithTimeZone::try_from(pg_sys::PgStartTime).ok() },
+        0 => backend::server_started(),
         t => TimestampWithTimeZone::try_from(t as i64).ok(),
     };
     let mut rows: Vec<(String, i64, Option<TimestampWithTimeZone>)> = NAMES

@@ -280,7 +280,7 @@ pub fn publish(at: i64) {
     if !settings::preloaded() {
         return;
     }
-    let db = unsafe { pg_sys::MyDatabaseId }.to_u32();
+    let db = backend::database().to_u32();
     let Some(board) = Locked::exclusive() else {
         return;
     };

@@ -701,4 +701,53 @@ mod tests {
         // Tokens no longer depend on boot epochs, so epoch mode is allowed anywhere.
         assert_eq!(sqlstate_of("SET lockext.durability = epoch"), "00000");
     }
+    // Statements with named parameters (statements::Named): each value goes to the
+    // parameter of its name whatever order it is given in, and a header that does not name
+    // the parameters as `params` does, or a value for no parameter, is refused before the
+    // statement runs.
+    static JOIN: crate::statements::Named = crate::statements::Named {
+        sql: "-- Joins a word and a number.\n-- $1 number, $2 word\nSELECT $2 || ':' || $1::text AS joined",
+        params: &[
+            ("number", pg_sys::BuiltinOid::INT4OID),
+            ("word", pg_sys::BuiltinOid::TEXTOID),
+        ],
+    };
+
+    #[pg_test]
+    fn named_parameters_bind_by_name_and_columns_read_by_name() {
+        use crate::statements::{first_named, Args};
+        let joined = Spi::connect_mut(|client| {
+            let args = Args::new().set("word", "x").set("number", 7);
+            first_named::<String>(JOIN.run(client, args)?, "joined")
+        })
+        .expect("run");
+        assert_eq!(joined.as_deref(), Some("x:7"));
+    }
+
+    static MISNAMED: crate::statements::Named = crate::statements::Named {
+        sql: "-- A header that names its parameter otherwise.\n-- $1 other\nSELECT $1::int AS n",
+        params: &[("number", pg_sys::BuiltinOid::INT4OID)],
+    };
+
+    #[pg_test(
+        error = "lockext: the header of A header that names its parameter otherwise. does not name $1 number"
+    )]
+    fn a_header_that_does_not_name_the_parameters_is_refused() {
+        use crate::statements::Args;
+        let _ = Spi::connect_mut(|client| {
+            MISNAMED
+                .run(client, Args::new().set("number", 1))
+                .map(|rows| rows.len())
+        });
+    }
+
+    #[pg_test(error = "lockext: Joins a word and a number. has no parameter $letter")]
+    fn a_value_for_no_parameter_is_refused() {
+        use crate::statements::Args;
+        let args = Args::new()
+            .set("word", "x")
+            .set("number", 7)
+            .set("letter", "y");
+        let _ = Spi::connect_mut(|client| JOIN.run(client, args).map(|rows| rows.len()));
+    }
 }

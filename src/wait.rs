@@ -22,6 +22,7 @@ use pgrx::prelude::*;
 use pgrx::{pg_shmem_init, PgAtomic};
 
 use crate::backend;
+use crate::catalog;
 use crate::error::MAX_ID_BYTES;
 use crate::settings;
 use crate::text::{Text, TextBuf};
@@ -106,7 +107,7 @@ fn queue_bytes(slots: usize) -> usize {
 /// (`max_connections`, `autovacuum_max_workers`, `max_worker_processes`,
 /// `max_wal_senders`) before it asks for shared memory.
 fn slots_wanted() -> usize {
-    usize::try_from(unsafe { pg_sys::MaxBackends }).unwrap_or(0)
+    usize::try_from(backend::max_backends()).unwrap_or(0)
 }
 
 #[pg_guard]
@@ -277,7 +278,7 @@ impl Ticket {
         id[..lock_id.len()].copy_from_slice(lock_id.bytes());
         let detail = Detail {
             since: backend::clock(),
-            encoding: unsafe { pg_sys::GetDatabaseEncoding() },
+            encoding: backend::database_encoding(),
             id_len: lock_id.len() as u16,
             id,
         };
@@ -357,13 +358,12 @@ thread_local! {
 /// so its ticket's destructor never runs: this exit hook takes its place.
 fn leave_queue_at_exit() {
     if !EXIT_HOOK.get() {
-        unsafe { pg_sys::before_shmem_exit(Some(leave_at_exit), pg_sys::Datum::from(0)) };
+        backend::at_exit(leave_at_exit);
         EXIT_HOOK.set(true);
     }
 }
 
-#[pg_guard]
-unsafe extern "C-unwind" fn leave_at_exit(_code: std::ffi::c_int, _arg: pg_sys::Datum) {
+fn leave_at_exit() {
     // An exit can begin anywhere; the queue's lock must not be ours already.
     unsafe { pg_sys::LWLockReleaseAll() };
     let pid = backend::pid();
@@ -493,14 +493,12 @@ fn waiters() -> TableIterator<
     slots.sort_by_key(|(p, _)| p.ticket);
     // Like pg_stat_activity: a role sees the lock ids of its own database only, unless it
     // may read all statistics (a lock id can name a customer, a job, a file).
-    let all = unsafe {
-        pg_sys::has_privs_of_role(
-            backend::current_user(),
-            pg_sys::Oid::from(pg_sys::ROLE_PG_READ_ALL_STATS),
-        )
-    };
+    let all = catalog::has_privileges_of(
+        backend::current_user(),
+        pg_sys::Oid::from(pg_sys::ROLE_PG_READ_ALL_STATS),
+    );
     let here = backend::database().to_u32();
-    let encoding = unsafe { pg_sys::GetDatabaseEncoding() };
+    let encoding = backend::database_encoding();
     let rows: Vec<_> = slots
         .iter()
         .filter(|(s, _)| all || s.database == here)

@@ -5,7 +5,14 @@ use std::panic::AssertUnwindSafe;
 use pgrx::pg_sys::panic::CaughtError;
 use pgrx::prelude::*;
 
+use crate::backend;
 use crate::error::LockError;
+
+/// Ends whatever transaction is open, rolled back (an exit hook's first step: the backend
+/// may exit in the middle of one). Sound at any point a backend can exit.
+pub fn abort_any() {
+    unsafe { pg_sys::AbortOutOfAnyTransaction() };
+}
 
 /// Runs `body` in a transaction of its own: committed when it returns Ok, rolled back when
 /// it returns Err or raises an ERROR. The ERROR is caught and returned as a message, so one
@@ -124,7 +131,7 @@ pub fn while_briefly_locked<T>(
         if !still_held() {
             return Ok(None);
         }
-        unsafe { pg_sys::pg_usleep(1000) };
+        backend::sleep_us(1000);
         pg_sys::check_for_interrupts!();
     }
     attempt()

@@ -4,3 +4,4 @@
 SELECT EXISTS (SELECT FROM lockext.locks
                 WHERE lock_id = $1 AND owner = $2
                   AND holder_role <> $3 AND ($4::bigint IS NULL OR fence_token = $4))
+       AS others

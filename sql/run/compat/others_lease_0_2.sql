@@ -7,3 +7,4 @@ SELECT EXISTS (SELECT FROM lockext.locks
     OR EXISTS (SELECT FROM lockext.shared_leases
                 WHERE lock_id = $1 AND owner = $2
                   AND holder_role <> $3 AND ($4::bigint IS NULL OR fence_token = $4))
+       AS others

@@ -11,8 +11,8 @@
 -- A value row that another transaction holds locked (a setter's) is skipped, not waited
 -- for, and so is one a setter changed after the statement's snapshot (its newest version
 -- is not the one the delete sees): both are left to the reaper's sweep (reap_values.sql).
--- $1 notify (lockext.notify: send events), $2 lock ids and $3 owners of lockext.locks,
--- $4 lock ids and $5 owners of lockext.shared_leases (the first step's arrays)
+-- $1 notify (lockext.notify: send events), $2 lock_ids and $3 owners of lockext.locks,
+-- $4 shared_lock_ids and $5 shared_owners of lockext.shared_leases (the first step's arrays)
 WITH xc AS MATERIALIZED (
         SELECT lock_id, owner
           FROM lockext.locks AS s

@@ -24,5 +24,6 @@ WITH x AS (SELECT lock_id, owner
                                 WHERE a.pid = s.taker_pid
                                   AND a.backend_start = s.session_start)
              LIMIT $1 FOR UPDATE SKIP LOCKED)
-SELECT (SELECT array_agg(lock_id) FROM x), (SELECT array_agg(owner) FROM x),
-       (SELECT array_agg(lock_id) FROM sh), (SELECT array_agg(owner) FROM sh)
+SELECT (SELECT array_agg(lock_id) FROM x) AS lock_ids, (SELECT array_agg(owner) FROM x) AS owners,
+       (SELECT array_agg(lock_id) FROM sh) AS shared_lock_ids,
+       (SELECT array_agg(owner) FROM sh) AS shared_owners

@@ -14,7 +14,7 @@
 -- A value row that another transaction holds locked (a setter's) is skipped, not waited
 -- for, and so is one a setter changed after the statement's snapshot (its newest version
 -- is not the one the delete sees): both are left to the reaper's sweep (reap_values.sql).
--- $1 pid (the exiting backend's), $2 its start, $3 notify (lockext.notify: send events)
+-- $1 pid (the exiting backend's), $2 started (its start), $3 notify (lockext.notify: send events)
 WITH x AS (DELETE FROM lockext.locks AS l
             USING (SELECT lock_id, owner
                      FROM lockext.locks AS s

@@ -81,6 +81,17 @@ pub enum Outcome {
     },
 }
 
+impl Outcome {
+    /// The outcome of a call that returned `e`: unknown, with the SQLSTATE if the server
+    /// sent one.
+    pub fn failed(e: &postgres::Error) -> Outcome {
+        Outcome::Failed {
+            code: e.code().map(|c| c.code().to_string()),
+            message: e.to_string(),
+        }
+    }
+}
+
 /// One call by one client, as the client saw it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Op {

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 pub use postgres::{Client, NoTls};
 
 pub mod checks;
+pub mod client;
 pub mod crash;
 pub mod gdb;
 pub mod history;
@@ -301,7 +302,7 @@ fn run_checked(cmd: &mut Command) {
 /// A loopback port nobody listens on now.
 /// A free loopback port: one the OS picks, or the first free one of the range
 /// `LOCKEXT_TEST_PORTS` names (`5800-5849`: an engineer sharing the machine keeps to theirs).
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     let range = std::env::var("LOCKEXT_TEST_PORTS").ok().and_then(|r| {
         let (low, high) = r.split_once('-')?;
         Some((low.parse::<u16>().ok()?, high.parse::<u16>().ok()?))

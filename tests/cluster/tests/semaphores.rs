@@ -47,13 +47,6 @@ impl SemClient {
         }
     }
 
-    fn failed(e: &postgres::Error) -> Outcome {
-        Outcome::Failed {
-            code: sqlstate(e),
-            message: e.to_string(),
-        }
-    }
-
     fn acquire(&mut self, owner: &str, ttl_ms: u64, wait_ms: u64) -> Option<i64> {
         let mut op = self.op(Kind::Acquire, owner, None);
         let res = self.c.query_one(
@@ -84,7 +77,7 @@ impl SemClient {
                     Outcome::Refused
                 };
             }
-            Err(e) => op.outcome = Self::failed(&e),
+            Err(e) => op.outcome = Outcome::failed(&e),
         }
         let token = op.token;
         self.ops.push(op);
@@ -111,7 +104,7 @@ impl SemClient {
                     Outcome::Refused
                 };
             }
-            Err(e) => op.outcome = Self::failed(&e),
+            Err(e) => op.outcome = Outcome::failed(&e),
         }
         let ok = op.ok();
         self.ops.push(op);
@@ -138,7 +131,7 @@ impl SemClient {
                     Outcome::Refused
                 };
             }
-            Err(e) => op.outcome = Self::failed(&e),
+            Err(e) => op.outcome = Outcome::failed(&e),
         }
         let ok = op.ok();
         self.ops.push(op);

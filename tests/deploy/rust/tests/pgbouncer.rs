@@ -40,14 +40,6 @@ fn postgres_ids() -> (u32, u32) {
     (f[2].parse().unwrap(), f[3].parse().unwrap())
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// A PgBouncer in front of `cluster`, killed when dropped.
 struct Bouncer {
     port: u16,
@@ -63,7 +55,7 @@ impl Bouncer {
             Path::new(PGBOUNCER).exists(),
             "{PGBOUNCER} is missing: apt-get install pgbouncer"
         );
-        let port = free_port();
+        let port = lockext_cluster_tests::free_port();
         let dir = cluster.dir.join("pgbouncer");
         std::fs::create_dir_all(&dir).unwrap();
         let ini = format!(
