@@ -1,5 +1,6 @@
-//! Every error a caller of lockext can meet, each with the SQLSTATE that README documents,
-//! and what a client sees of it: its message, detail and hint, never a Rust backtrace.
+//! Every error a caller of lockext can meet, each with the SQLSTATE that docs/errors.md
+//! documents, and what a client sees of it: its message, detail and hint, never a Rust
+//! backtrace.
 //!
 //! Functions validate all their arguments before they touch a table, so bad input
 //! changes nothing: the error is raised before the first write.
@@ -302,7 +303,7 @@ impl LockError {
             ),
             LockError::TokensExhausted { .. } => Some(
                 "No more tokens can be handed out that are higher than every earlier one; \
-                 see README, \"Tokens\".",
+                 see lockext's docs/tokens.md.",
             ),
             LockError::PermitsMismatch { .. } => Some(
                 "Every acquire of a semaphore asks for the same number of permits while any \

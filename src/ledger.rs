@@ -138,9 +138,10 @@ const RMGR_NAME: &CStr = c"lockext";
 /// four bits of xl_info.
 const XLOG_LEDGER_RAISE: u8 = 0x10;
 
-/// How far ahead of what is handed out a reservation reaches: one WAL flush and one file
-/// rewrite per `BLOCK / 2` grants. After a crash the counter starts again at the
-/// reservation, leaving a gap of less than `BLOCK`.
+/// How far ahead of what is handed out a reservation reaches: a grant whose counter passes
+/// the reservation moves it `BLOCK` counters on, so one WAL flush and one file rewrite per
+/// `BLOCK + 1` grants. After a crash the counter starts again at the reservation, leaving a
+/// gap of at most `BLOCK`.
 const BLOCK: i64 = 1024;
 
 const DIR: &str = "pg_lockext";

@@ -195,12 +195,12 @@ const BUSY_RETRY: Duration = Duration::from_millis(500);
 /// The longest a failing database waits between rounds (each failure doubles the wait).
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
 /// Rounds that run at once: each takes a background worker slot (max_worker_processes)
-/// while it runs; more databases take turns. README's limits name this number.
+/// while it runs; more databases take turns. docs/errors.md, "Limits", names this number.
 const MAX_ROUNDS: usize = 4;
 /// How often a database that is not due gets a round anyway: for rows no lockext function
 /// wrote (an INSERT by hand, a pg_restore into a served database), a due time missed
 /// because the clock was set back. And how often, at least, a round is a sweep, which
-/// also looks for values left behind (`reap_values.sql`). README names this number.
+/// also looks for values left behind (`reap_values.sql`). docs/errors.md, "Limits", names this number.
 const SWEEP_INTERVAL: Duration = Duration::from_secs(600);
 /// How soon the postmaster restarts the launcher after a crash.
 const LAUNCHER_RESTART: Duration = Duration::from_secs(5);
@@ -610,7 +610,7 @@ impl Launcher {
                 Ok(()) => self.slots_full = false,
                 // Not the database's failure: no back-off. It is tried again an interval
                 // later (not at once: the launcher would spin), and so is every database
-                // due meanwhile; the slots are the server's (README, limits).
+                // due meanwhile; the slots are the server's (docs/errors.md, "Limits").
                 Err(StartError::NoWorkerSlot) => {
                     crate::stats::count(crate::stats::Counter::ReaperSlotWaits);
                     if !self.slots_full {

@@ -1,5 +1,5 @@
 //! Every setting lockext reads, in one place. All are reloadable with SIGHUP (pg_reload_conf)
-//! and shown by SHOW; README lists them.
+//! and shown by SHOW; docs/settings.md lists them.
 
 use std::ffi::CString;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
 use pgrx::{pg_sys, PostgresGucEnum};
 
-/// What a grant's commit waits for. README explains the trade-off.
+/// What a grant's commit waits for. docs/settings.md explains the trade-off.
 #[derive(PostgresGucEnum, Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Durability {
     /// Every granting transaction commits synchronously.

@@ -388,8 +388,8 @@ fn warn_eras_running_out(era: i64) {
     if !WARNED.with(|w| w.replace(true)) {
         pgrx::warning!(
             "lockext: token era {era} of {} is in force; each promotion or point-in-time \
-             recovery spends one, and at the last one grants fail (2200H): see README, \
-             \"Tokens\"",
+             recovery spends one, and at the last one grants fail (2200H): see lockext's \
+             docs/tokens.md",
             Layout::Safe.era_limit() - 1
         );
     }
