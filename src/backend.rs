@@ -93,6 +93,17 @@ pub fn wal_timeline() -> u32 {
     unsafe { pg_sys::GetWALInsertionTimeLine() }
 }
 
+/// The server's system identifier (pg_control's): a base backup and a standby share their
+/// origin's; a new `initdb` makes another.
+pub fn system_identifier() -> u64 {
+    unsafe { pg_sys::GetSystemIdentifier() }
+}
+
+/// Whether `xid` is this backend's current transaction's, or one of its subtransactions'.
+pub fn is_current_transaction(xid: u32) -> bool {
+    unsafe { pg_sys::TransactionIdIsCurrentTransactionId(xid.into()) }
+}
+
 /// The server's data directory. `DataDir` is set (absolute, NUL-terminated) before
 /// shared_preload_libraries are loaded, and never changed after.
 pub fn data_dir() -> PathBuf {

@@ -1,5 +1,5 @@
-//! Names looked up in PostgreSQL's catalogs, in one place: the lockext schema, roles and
-//! their privileges, a role's and a database's name, and pg_database read by a background
+//! Names looked up in PostgreSQL's catalogs, in one place: the lockext schema and its
+//! relations, types and columns, roles and their privileges, a role's and a database's name, and pg_database read by a background
 //! worker. Everything else asks here instead of calling the catalog functions itself.
 //!
 //! Why the calls are sound: each takes a NUL-terminated name we own (a C string literal)
@@ -16,6 +16,42 @@ use crate::text::Text;
 /// The oid of the lockext schema, or InvalidOid when it does not exist (yet).
 pub fn lockext_schema() -> pg_sys::Oid {
     unsafe { pg_sys::get_namespace_oid(c"lockext".as_ptr(), true) }
+}
+
+/// The oid of relation `lockext.<name>`, if the schema and the relation exist.
+pub fn lockext_relation(name: &CStr) -> Option<pg_sys::Oid> {
+    let schema = lockext_schema();
+    if schema == pg_sys::InvalidOid {
+        return None;
+    }
+    let oid = unsafe { pg_sys::get_relname_relid(name.as_ptr(), schema) };
+    (oid != pg_sys::InvalidOid).then_some(oid)
+}
+
+/// The oid of type `lockext.<name>`, if it exists: a catalog-cache lookup, as
+/// `TypenameNspGetTypid` makes it (the name is passed as a C string, as PostgreSQL's own
+/// lookups by name pass it).
+pub fn lockext_type(name: &CStr) -> Option<pg_sys::Oid> {
+    let schema = lockext_schema();
+    if schema == pg_sys::InvalidOid {
+        return None;
+    }
+    let oid = unsafe {
+        pg_sys::GetSysCacheOid(
+            pg_sys::SysCacheIdentifier::TYPENAMENSP as i32,
+            pg_sys::Anum_pg_type_oid as pg_sys::AttrNumber,
+            pg_sys::Datum::from(name.as_ptr()),
+            pg_sys::Datum::from(schema),
+            pg_sys::Datum::from(0usize),
+            pg_sys::Datum::from(0usize),
+        )
+    };
+    (oid != pg_sys::InvalidOid).then_some(oid)
+}
+
+/// Whether relation `relation` has a column named `column` (a dropped one does not count).
+pub fn has_column(relation: pg_sys::Oid, column: &CStr) -> bool {
+    unsafe { pg_sys::get_attnum(relation, column.as_ptr()) > 0 }
 }
 
 /// The oid of the role named `name`, if it exists.

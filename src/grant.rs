@@ -13,6 +13,7 @@ use pgrx::pg_sys::{self, BuiltinOid::*};
 use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
 
+use crate::catalog;
 use crate::claims;
 use crate::error::LockError;
 use crate::statements::{first_value, Statement};
@@ -419,21 +420,7 @@ impl Granted {
 /// The oid of type lockext.lock_grant: two catalog-cache lookups (not kept: a reinstall in
 /// this backend may keep the schema and make the type anew).
 fn grant_type() -> Result<pg_sys::Oid, LockError> {
-    let schema = unsafe { pg_sys::get_namespace_oid(c"lockext".as_ptr(), true) };
-    let oid = unsafe {
-        pg_sys::GetSysCacheOid(
-            pg_sys::SysCacheIdentifier::TYPENAMENSP as i32,
-            pg_sys::Anum_pg_type_oid as pg_sys::AttrNumber,
-            pg_sys::Datum::from(c"lock_grant".as_ptr()),
-            pg_sys::Datum::from(schema),
-            pg_sys::Datum::from(0usize),
-            pg_sys::Datum::from(0usize),
-        )
-    };
-    if oid == pg_sys::InvalidOid {
-        return Err(LockError::MissingColumn { name: "lock_grant" });
-    }
-    Ok(oid)
+    catalog::lockext_type(c"lock_grant").ok_or(LockError::MissingColumn { name: "lock_grant" })
 }
 
 /// The grant from an acquire statement's RETURNING (sql/run/exclusive/take_over.sql's

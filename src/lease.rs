@@ -345,7 +345,7 @@ fn past_the_gate(request: &Request<'_>, params: &mut Params<'_>) -> Result<Attem
         if !matches!(tried, Attempt::Busy) || Instant::now() + nap > deadline {
             return Ok(tried);
         }
-        unsafe { pg_sys::pg_usleep(nap.as_micros() as _) };
+        backend::sleep_us(nap.as_micros() as i64);
         pg_sys::check_for_interrupts!();
         nap = (nap * 2).min(Duration::from_millis(10));
     }

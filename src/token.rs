@@ -49,6 +49,7 @@ use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
 
 use crate::backend;
+use crate::catalog;
 use crate::error::LockError;
 use crate::ledger::{self, State};
 use crate::settings;
@@ -139,20 +140,8 @@ pub struct Evidence {
     pub highest_kept: Option<i64>,
 }
 
-/// The oid of `lockext.<name>`, or None.
-fn relation(name: &CStr) -> Option<pg_sys::Oid> {
-    let oid = unsafe {
-        let schema = pg_sys::get_namespace_oid(c"lockext".as_ptr(), true);
-        if schema == pg_sys::InvalidOid {
-            return None;
-        }
-        pg_sys::get_relname_relid(name.as_ptr(), schema)
-    };
-    (oid != pg_sys::InvalidOid).then_some(oid)
-}
-
 fn read_row(epoch_table: pg_sys::Oid) -> Option<Row> {
-    let has = |column: &CStr| unsafe { pg_sys::get_attnum(epoch_table, column.as_ptr()) } > 0;
+    let has = |column: &CStr| catalog::has_column(epoch_table, column);
     let statement = match (has(c"layout"), has(c"boot")) {
         (true, true) => &READ_ROW,
         (true, false) => &READ_ROW_0_3,
@@ -172,7 +161,7 @@ fn read_row(epoch_table: pg_sys::Oid) -> Option<Row> {
     Some(Row {
         era,
         layout,
-        own: unsafe { pg_sys::TransactionIdIsCurrentTransactionId(xmin.into()) },
+        own: backend::is_current_transaction(xmin),
         system: row.get::<i64>("system_identifier").unwrap_or(0) as u64,
     })
 }
@@ -180,7 +169,7 @@ fn read_row(epoch_table: pg_sys::Oid) -> Option<Row> {
 fn read_evidence(epoch_table: pg_sys::Oid) -> Evidence {
     let highest_kept = HIGHEST_KEPT
         .iter()
-        .filter(|(table, _)| relation(table).is_some())
+        .filter(|(table, _)| catalog::lockext_relation(table).is_some())
         .filter_map(|(_, statement)| statement.read_latest(&[])?.get::<i64>("highest"))
         .max();
     Evidence {
@@ -273,7 +262,7 @@ thread_local! {
 pub fn adopt() -> Result<pg_sys::Oid, LockError> {
     // A hot standby's ledger is its primary's, replayed: nothing to adopt there.
     backend::writable_server()?;
-    let Some(epoch_table) = relation(c"token_epoch") else {
+    let Some(epoch_table) = catalog::lockext_relation(c"token_epoch") else {
         return Err(LockError::EraRecord {
             detail: "lockext.token_epoch is missing".into(),
         });
@@ -284,8 +273,8 @@ pub fn adopt() -> Result<pg_sys::Oid, LockError> {
     }
     let evidence = read_evidence(epoch_table);
     let ledger = ledger::state()?;
-    let timeline = unsafe { pg_sys::GetWALInsertionTimeLine() };
-    let system = unsafe { pg_sys::GetSystemIdentifier() };
+    let timeline = backend::wal_timeline();
+    let system = backend::system_identifier();
     if let Some(want) = wanted(&evidence, ledger, timeline, system) {
         let now = ledger::raise(want)?;
         if now.base != ledger.base || now.layout != ledger.layout {
@@ -342,8 +331,8 @@ fn record_row(
             &[
                 era.into(),
                 i16::from(layout.code()).into(),
-                (unsafe { pg_sys::GetSystemIdentifier() } as i64).into(),
-                (unsafe { pg_sys::GetWALInsertionTimeLine() } as i32).into(),
+                (backend::system_identifier() as i64).into(),
+                (backend::wal_timeline() as i32).into(),
                 backend::database().into(),
             ],
         )?;
@@ -452,7 +441,7 @@ static SEQUENCE_LAST: Statement = Statement {
 /// The highest token an older library can have handed out in this database: the epoch
 /// row's era over the sequence's last value, or a higher token in the tables.
 fn issued_by_older_libraries() -> i64 {
-    let Some(epoch_table) = relation(c"token_epoch") else {
+    let Some(epoch_table) = catalog::lockext_relation(c"token_epoch") else {
         return 0;
     };
     let evidence = read_evidence(epoch_table);
@@ -492,7 +481,7 @@ pub fn require_issued(_client: &mut SpiClient<'_>, token: i64) -> Result<(), Loc
 fn token_era() -> TableIterator<'static, (name!(layout, i32), name!(era, i32))> {
     crate::caller::as_member(|| {
         crate::backend::writable_server()?;
-        let timeline = unsafe { pg_sys::GetWALInsertionTimeLine() };
+        let timeline = backend::wal_timeline();
         if !settings::preloaded() {
             // No ledger in this server to adopt into (and no grant either): what the file
             // says, so that an update script calling this still runs.
