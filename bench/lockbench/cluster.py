@@ -186,13 +186,7 @@ auto-aof-rewrite-percentage 0
         self.version = self.cmd("INFO", "server").split("redis_version:")[1].split()[0]
 
     def stop(self):
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)
 
     def pipeline(self, commands):
         """Sends RESP commands in one stream and returns the replies' first lines."""
@@ -283,15 +277,20 @@ class Etcd:
         self.version = out.split()[2] if out.startswith("etcd Version:") else out.strip()
 
     def stop(self):
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)
         if self.proc:
             self.log.close()
+
+
+def stop_process(proc):
+    """Ends a server the run started (Redis, etcd): SIGTERM, then SIGKILL after 10 s."""
+    if proc and proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def port_open(port):

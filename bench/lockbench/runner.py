@@ -142,33 +142,27 @@ class Runner:
 
     def redis_bench(self, mode, fsync, clients, keys):
         self.redis.fsync_mode(fsync)
-        cmd = [DRIVER, "-w", mode, "-c", str(clients), "-j", str(min(clients, 2)), "-p",
-               str(REDIS_PORT), "-k", str(keys)]
+        args = ["-w", mode, "-p", str(REDIS_PORT)]
         if mode == "renew":
-            cmd += ["-x", "3600000"]
-        cmd += ["-T", str(self.cfg.round_seconds)] if self.cfg.transactions is None else \
-            ["-t", str(self.cfg.transactions)]
-        latfile = os.path.join(TMP, "redis-latencies")
-        cmd += ["-l", latfile]
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=self.cfg.round_seconds + 120)
-        if p.returncode != 0:
-            raise BenchError(f"redisbench {mode} ({clients} clients) failed:\n{p.stdout}\n{p.stderr}")
-        r = json.loads(p.stdout)
-        with open(latfile) as f:
-            r["lat"] = [float(x) for x in f]
-        os.remove(latfile)
-        return r
+            args += ["-x", "3600000"]
+        return self.driver(DRIVER, "redisbench", args, f"{mode} ({clients} clients)", clients, keys)
 
     def etcd_bench(self, mode, lease, clients, keys):
-        cmd = [ETCD_DRIVER, "-w", mode, "-m", lease, "-c", str(clients), "-j",
-               str(min(clients, 2)), "-p", str(ETCD_PORT), "-k", str(keys), "-x", "30"]
+        args = ["-w", mode, "-m", lease, "-p", str(ETCD_PORT), "-x", "30"]
+        return self.driver(ETCD_DRIVER, "etcdbench", args, f"{mode} {lease} ({clients} clients)",
+                           clients, keys)
+
+    def driver(self, path, name, args, what, clients, keys):
+        """One run of redisbench or etcdbench (the same options and JSON): its counts, and
+        every transaction's latency (us) from its latency file."""
+        cmd = [path, *args, "-c", str(clients), "-j", str(min(clients, 2)), "-k", str(keys)]
         cmd += ["-T", str(self.cfg.round_seconds)] if self.cfg.transactions is None else \
             ["-t", str(self.cfg.transactions)]
-        latfile = os.path.join(TMP, "etcd-latencies")
+        latfile = os.path.join(TMP, name + "-latencies")
         cmd += ["-l", latfile]
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=self.cfg.round_seconds + 120)
         if p.returncode != 0:
-            raise BenchError(f"etcdbench {mode} {lease} ({clients} clients) failed:\n{p.stdout}\n{p.stderr}")
+            raise BenchError(f"{name} {what} failed:\n{p.stdout}\n{p.stderr}")
         r = json.loads(p.stdout)
         with open(latfile) as f:
             r["lat"] = [float(x) for x in f]
