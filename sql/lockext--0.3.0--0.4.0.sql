@@ -147,3 +147,16 @@ UPDATE lockext.lease_values AS v
        0);
 ALTER TABLE lockext.lease_values ALTER COLUMN holder_role SET NOT NULL;
 CREATE INDEX lease_values_role_idx ON lockext.lease_values (holder_role);
+
+
+-- ---- lockext.reap: the reaper's batch, now ---------------------------------------------
+-- One batch of the reaper's, run in the caller's transaction (src/reaper.rs): for an
+-- operator, and for the schedule explorer, which stops it at each of its pause points.
+CREATE FUNCTION lockext."reap"() RETURNS bigint /* i64 */
+STRICT VOLATILE PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'reap_wrapper';
+REVOKE ALL ON FUNCTION lockext.reap() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION lockext.reap() TO lockext_admin;
+GRANT EXECUTE ON FUNCTION lockext.reap() TO PUBLIC; -- checks lockext_admin

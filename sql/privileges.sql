@@ -77,6 +77,11 @@ REVOKE ALL ON FUNCTION lockext.bind_resource(text, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION lockext.bind_resource(text, text) TO lockext_admin;
 GRANT EXECUTE ON FUNCTION lockext.bind_resource(text, text) TO PUBLIC; -- checks lockext_admin
 
+-- Ending expired leases now, before the reaper's next round, is an operator's decision.
+REVOKE ALL ON FUNCTION lockext.reap() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION lockext.reap() TO lockext_admin;
+GRANT EXECUTE ON FUNCTION lockext.reap() TO PUBLIC; -- checks lockext_admin
+
 -- Resetting the counters is an operator's decision.
 REVOKE ALL ON FUNCTION lockext.stats_reset() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION lockext.stats_reset() TO lockext_admin;

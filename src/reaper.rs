@@ -58,8 +58,9 @@ use pgrx::prelude::*;
 use pgrx::{pg_shmem_init, PGRXSharedMemory};
 
 use crate::backend;
+use crate::caller::{self, Needs};
 use crate::catalog;
-use crate::error::LockError;
+use crate::error::{LockError, OrReport};
 use crate::locktable::{self, Tried};
 use crate::settings;
 use crate::statements::{first_named, Args, Named};
@@ -1110,10 +1111,28 @@ fn next_due() -> Result<pg_sys::TimestampTz, LockError> {
     })
 }
 
+/// Ends this database's expired leases now, in the caller's transaction: one batch of the
+/// reaper's own (`reap_batch`, up to `lockext.reap_batch_size` of each kind, values left
+/// behind swept too), and answers how many leases it ended. Rows a client has locked are
+/// skipped, as in a round. For an operator who wants them gone before the next round, and
+/// for the schedule explorer, which stops a batch at each of its pause points (a round runs
+/// in a background worker, which no client can stop and let go on). Deleting only what has
+/// expired is what every round does, but when is an operator's decision: lockext_admin's.
+#[pg_extern(volatile, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
+fn reap() -> i64 {
+    caller::require(Needs::Admin {
+        action: "end expired leases with lockext.reap()",
+    })
+    .and_then(|()| caller::as_owner(|| reap_batch(settings::REAP_BATCH_SIZE.get(), true)))
+    .map(|(ended, _)| i64::try_from(ended).unwrap_or(i64::MAX))
+    .or_report()
+}
+
 /// Deletes up to `limit` leases of each kind that `REAP` clears (with their values), and
 /// wakes their waiters at commit; in a `sweep`, also up to `limit` values left behind.
-/// Returns how many leases, and whether any kind had more. Exposed to the tests, which
-/// run it in a backend.
+/// Returns how many leases, and whether any kind had more. Also run by `lockext.reap()`,
+/// in a client's backend.
 pub fn reap_batch(limit: i32, sweep: bool) -> Result<(u64, bool), LockError> {
     Spi::connect_mut(|client| {
         let now = backend::now()?;

@@ -210,6 +210,14 @@ impl Cluster {
             .unwrap_or_else(|e| panic!("connect to {}: {e}", self.url(db)))
     }
 
+    /// Connects to `db` as the login role `role` (loopback connections are trusted).
+    pub fn connect_as(&self, role: &str, db: &str) -> Client {
+        let url = self
+            .url(db)
+            .replace("user=postgres", &format!("user={role}"));
+        Client::connect(&url, NoTls).unwrap_or_else(|e| panic!("connect as {role} to {db}: {e}"))
+    }
+
     /// Connects, retrying while the server restarts (after a crash, say).
     pub fn reconnect(&self, within: Duration) -> Client {
         let deadline = Instant::now() + within;

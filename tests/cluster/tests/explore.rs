@@ -15,14 +15,11 @@
 //!   the disconnect of the session that holds the lease session-bound; its pause points
 //!   are the exit hook's (`src/session.rs`), counted by stopping it at each in turn
 //!   (`Explorer::exit_points`), as an exiting backend can send no NOTICE.
-//!   A reaper batch is B only, and a stand-in: a plain session runs the reaper's own
-//!   statements (`sql/run/reaper/*.sql`) in one transaction (`reaper_batch`). The
+//!   A reaper batch is `lockext.reap()`: the reaper's own batch (`reaper::reap_batch`),
+//!   run in a client's backend, so that it stops at its pause points like any call. The
 //!   explorer's database has no reaper (a lease ends by its clock, never by a round between
-//!   two steps). A real round as A cannot be stopped for long: `ALTER DATABASE ... SET
-//!   lockext.explore_pause_at` does reach the worker (it stops there, waiting in
-//!   `pg_locks`), but the worker sets `lock_timeout = 1s` over every other source and the
-//!   pause is a lock wait, so the round fails ("canceling statement due to lock timeout")
-//!   a second later, whatever B does.
+//!   two steps); a round in the background worker runs the same batch, with the worker's
+//!   settings (`lock_timeout = 1s`, which only makes it give up sooner).
 //! - For each state, each A (and each of its ways), each pause point p of A, each B: the
 //!   schedule "A until p, B to its end or its wait, A on". `LOCKEXT_EXPLORE=full` runs all
 //!   of them (`make explore`); otherwise a sample (every pause point of every A, against
@@ -103,8 +100,8 @@ enum Effect {
     /// The end of the holder's session: its lease is session-bound, taken by the very
     /// session that disconnects, and the exit hook (`src/session.rs`) ends it ("ended").
     SessionEnd,
-    /// A reaper batch, by a stand-in (`reaper_batch`): it deletes only what is dead, so what
-    /// the invariants say of live leases covers it.
+    /// A reaper batch (`lockext.reap()`): it deletes only what is dead, so what the
+    /// invariants say of live leases covers it.
     Reap,
     /// Nothing that the invariants follow (reads, values, keep-alive renewals).
     Other,
@@ -262,89 +259,15 @@ const CALLS: &[Call] = &[
     // The holder's lease is taken `session_bound => true` by this call's session, which
     // then disconnects: the pause points are the exit hook's (`end_session`).
     call("session_end", Effect::SessionEnd, true, ""),
-    // A plain session standing in for a reaper batch: the reaper's own statements, in one
-    // transaction (`reaper_batch`). Only as B: a real batch runs in a background worker.
-    call("reaper_batch", Effect::Reap, false, ""),
+    // One batch of the reaper's, in this backend (`lockext.reap()`): what it ends is only
+    // what was dead, which the invariants on live leases cover.
+    call("reaper_batch", Effect::Reap, false, "SELECT lockext.reap()::text"),
 ];
-
-/// The statements of a reaper batch that end dead leases and keep-alives
-/// (`reaper::reap_batch`, in its order), each with its parameter types: `$1` the limit,
-/// (`$2` notify,) and the batch's clock. The batch's purge of ended keep-alives, of values
-/// and of session-bound leases whose backend is gone is left out.
-const REAPER_BATCH: &[(&str, &str, &str)] = &[
-    (
-        "reap_locks",
-        "int4, bool, timestamptz",
-        include_str!("../../../sql/run/reaper/reap_locks.sql"),
-    ),
-    (
-        "reap_shared_leases",
-        "int4, bool, timestamptz",
-        include_str!("../../../sql/run/reaper/reap_shared_leases.sql"),
-    ),
-    (
-        "end_keepalives",
-        "int4, timestamptz",
-        include_str!("../../../sql/run/reaper/end_keepalives.sql"),
-    ),
-    (
-        "reap_attached_locks",
-        "int4, bool, timestamptz",
-        include_str!("../../../sql/run/reaper/reap_attached_locks.sql"),
-    ),
-    (
-        "reap_attached_shared_leases",
-        "int4, bool, timestamptz",
-        include_str!("../../../sql/run/reaper/reap_attached_shared_leases.sql"),
-    ),
-];
-
-/// A stand-in for one reaper batch on `s`: the reaper's statements in one transaction, with
-/// the worker's settings (`lock_timeout = 1s`, `synchronous_commit = off`) and one clock
-/// read for all. Answers how many rows it ended.
-fn reaper_batch(s: &mut Client) -> Answer {
-    let result = (|| -> Result<usize, postgres::Error> {
-        s.batch_execute("DEALLOCATE ALL")?;
-        for (name, types, sql) in REAPER_BATCH {
-            s.batch_execute(&format!("PREPARE {name}({types}) AS {sql}"))?;
-        }
-        s.batch_execute(
-            "BEGIN; SET LOCAL lock_timeout = '1s'; SET LOCAL synchronous_commit = off",
-        )?;
-        let now: String = s.query_one("SELECT clock_timestamp()::text", &[])?.get(0);
-        let mut ended = 0;
-        for (name, types, _) in REAPER_BATCH {
-            let args = if types.contains("bool") {
-                format!("100, false, '{now}'")
-            } else {
-                format!("100, '{now}'")
-            };
-            ended += s
-                .simple_query(&format!("EXECUTE {name}({args})"))?
-                .iter()
-                .filter(|m| matches!(m, postgres::SimpleQueryMessage::Row(_)))
-                .count();
-        }
-        s.batch_execute("COMMIT")?;
-        Ok(ended)
-    })();
-    match result {
-        Ok(n) => Answer::Value(Some(n.to_string())),
-        Err(e) => {
-            let a = sql_error(&e);
-            let _ = s.batch_execute("ROLLBACK");
-            a
-        }
-    }
-}
 
 /// The calls a sample takes as A (every pause point, against `sample`'s B calls): all but
 /// those whose schedules cost a second each (a wait that runs out behind a held lease) or
 /// a connection each (a session end).
 const NOT_SAMPLED_AS_A: &[&str] = &["acquire_shared_wait", "acquire_permit_wait", "session_end"];
-
-/// The calls that are only ever B (`reaper_batch`: see `CALLS`).
-const ONLY_AS_B: &[&str] = &["reaper_batch"];
 
 /// The calls a sample runs inside an explicit READ COMMITTED transaction as A.
 const SAMPLED_READ_COMMITTED: &[&str] = &["acquire", "release"];
@@ -1058,8 +981,6 @@ impl Explorer {
                 let (new, answer) = end_session(b, &b_url, 0);
                 b = new;
                 answer
-            } else if b_call.effect == Effect::Reap {
-                reaper_batch(&mut b.client)
             } else {
                 run_call(&mut b.client, b_call, Way::Autocommit, &b_args, 0, false)
             };
@@ -1208,9 +1129,6 @@ fn explore(full: bool, only: Option<(&str, &str)>, count: bool) -> (usize, Vec<S
     for state in [State::Free, State::Held, State::Expiring] {
         for a_call in CALLS.iter().copied() {
             if state == State::Free && a_call.holder {
-                continue;
-            }
-            if ONLY_AS_B.contains(&a_call.name) {
                 continue;
             }
             if !full && only.is_none() && NOT_SAMPLED_AS_A.contains(&a_call.name) {

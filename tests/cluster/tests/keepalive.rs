@@ -55,13 +55,6 @@ const CHUNK: usize = 30;
 const ROLES: &str = "CREATE ROLE app LOGIN IN ROLE lockext_user;
                      CREATE ROLE other LOGIN IN ROLE lockext_user;";
 
-fn connect_as(cluster: &Cluster, role: &str, db: &str) -> Client {
-    let url = cluster
-        .url(db)
-        .replace("user=postgres", &format!("user={role}"));
-    Client::connect(&url, NoTls).unwrap_or_else(|e| panic!("connect as {role} to {db}: {e}"))
-}
-
 /// `lock_keepalive_grant(ttl)`: (id, expiry in µs since the epoch).
 fn grant(c: &mut Client, ttl: &str) -> (i64, i64) {
     let row = c
@@ -338,7 +331,7 @@ fn ten_thousand_attached_locks_free_at_once_when_the_killed_workers_keepalive_ex
         .expect("bind a resource to ka-1");
     // The old holder's fenced writes come from this session of its role (a twin that
     // outlives the killed worker: a paused process that wakes up after the expiry).
-    let mut zombie = connect_as(&cluster, "app", DB);
+    let mut zombie = cluster.connect_as("app", DB);
     let fenced = |c: &mut Client, token: i64, by: &str| -> bool {
         c.query_one(
             "SELECT lockext.fenced_update('ka-res', $1, jsonb_build_object('by', $2::text))",
@@ -354,7 +347,7 @@ fn ten_thousand_attached_locks_free_at_once_when_the_killed_workers_keepalive_ex
 
     // The worker renews a few times, past the keep-alive's first expiry; meanwhile another
     // role is refused every lock it tries, and every lease is shown live.
-    let mut other = connect_as(&cluster, "other", DB);
+    let mut other = cluster.connect_as("other", DB);
     let mut renewals = 0;
     let mut step = 0usize;
     loop {
@@ -482,7 +475,7 @@ fn reaper_expires_every_attached_lease_then_deletes_the_keepalive() {
     );
     let mut admin = cluster.connect();
     admin.batch_execute(ROLES).expect("roles");
-    let mut worker = connect_as(&cluster, "app", "postgres");
+    let mut worker = cluster.connect_as("app", "postgres");
     let (k, _) = grant(&mut worker, "1 minute");
     let tokens = acquire_chunks(&mut worker, &ids("rp", N), "worker", None, Some(k));
     let mut listener = cluster.connect();
@@ -576,7 +569,7 @@ fn revoke_releases_every_attached_lease_with_events_and_wakes_waiters() {
     );
     let mut admin = cluster.connect();
     admin.batch_execute(ROLES).expect("roles");
-    let mut worker = connect_as(&cluster, "app", "postgres");
+    let mut worker = cluster.connect_as("app", "postgres");
     let (k, _) = grant(&mut worker, "1 minute");
     let tokens = acquire_chunks(&mut worker, &ids("rv", N), "worker", None, Some(k));
 
@@ -586,7 +579,7 @@ fn revoke_releases_every_attached_lease_with_events_and_wakes_waiters() {
     let waited = ["rv-1", "rv-250", "rv-500", "rv-1000"];
     let (tx, rx) = mpsc::channel();
     for (i, lock) in waited.into_iter().enumerate() {
-        let mut c = connect_as(&cluster, "other", "postgres");
+        let mut c = cluster.connect_as("other", "postgres");
         let tx = tx.clone();
         thread::spawn(move || {
             let t: Option<i64> = c
@@ -682,8 +675,8 @@ fn two_workers_keepalives_are_independent() {
     let mut admin = cluster.connect();
     admin.batch_execute(ROLES).expect("roles");
     // Two workers of one role (two processes of one application).
-    let mut a = connect_as(&cluster, "app", "postgres");
-    let mut b = connect_as(&cluster, "app", "postgres");
+    let mut a = cluster.connect_as("app", "postgres");
+    let mut b = cluster.connect_as("app", "postgres");
     let (ka, _) = grant(&mut a, "2 seconds");
     let (kb, b_expiry) = grant(&mut b, "2 seconds");
     let a_tokens = acquire_chunks(&mut a, &ids("wa", N), "worker-a", None, Some(ka));
@@ -728,7 +721,7 @@ fn two_workers_keepalives_are_independent() {
         None,
         "B's expired keep-alive renewed"
     );
-    let mut other = connect_as(&cluster, "other", "postgres");
+    let mut other = cluster.connect_as("other", "postgres");
     for i in [1, 50, 100] {
         let (la, lb) = (format!("wa-{i}"), format!("wb-{i}"));
         assert!(lock_check(&mut a, &la, a_tokens[&la]));
@@ -756,8 +749,8 @@ fn race_sessions(name: &str) -> (Cluster, Client, Client, Client) {
     let cluster = race_cluster(name, &["lockext"]);
     let mut admin = cluster.connect_to(DB);
     admin.batch_execute(ROLES).expect("roles");
-    let mut r = connect_as(&cluster, "app", DB);
-    let mut g = connect_as(&cluster, "other", DB);
+    let mut r = cluster.connect_as("app", DB);
+    let mut g = cluster.connect_as("other", DB);
     r.batch_execute("SET lock_timeout = '2s'").unwrap();
     g.batch_execute("SET lock_timeout = '2s'").unwrap();
     (cluster, admin, r, g)
@@ -859,7 +852,7 @@ fn takeover_held_open_refuses_the_renewal_and_ends_the_keepalive() {
 #[test]
 fn renewal_paused_before_the_expiry_and_resumed_after_a_takeover_renews_nothing() {
     let (cluster, mut admin, mut r, mut g) = race_sessions("ka-race-c");
-    let mut setup = connect_as(&cluster, "app", DB);
+    let mut setup = cluster.connect_as("app", DB);
     r.batch_execute("SET statement_timeout = '20s'").unwrap();
     // The renewal's plans are prepared and kept, so the paused call only executes.
     assert_eq!(renew(&mut r, 999_999_999, None), None);

@@ -470,3 +470,58 @@ fn the_reaper_runs_no_function_a_member_planted_on_its_search_path() {
         "the reaper ran functions a member planted on its search_path: {ran:?}"
     );
 }
+
+#[test]
+fn lockext_reap_ends_expired_leases_now_skips_locked_ones_and_is_the_operators() {
+    // No reaper in this database (it serves only `template1`, which has no lockext): what
+    // ends here, `lockext.reap()` ended.
+    let cluster = Cluster::start(
+        "reap-now",
+        "lockext.database = 'template1'\nlockext.lock_delay = 0",
+    );
+    let mut c = cluster.connect();
+    c.batch_execute(
+        "CREATE ROLE app LOGIN IN ROLE lockext_user; CREATE ROLE operator LOGIN IN ROLE lockext_admin",
+    )
+    .unwrap();
+    for i in 0..3 {
+        acquire(&mut c, &format!("dead-{i}"), "gone", "1 millisecond").unwrap();
+    }
+    acquire(&mut c, "locked", "gone", "1 millisecond").unwrap();
+    acquire(&mut c, "live", "alive", "1 hour").unwrap();
+    thread::sleep(Duration::from_millis(20));
+
+    // A member who is not lockext_admin's is refused, and nothing ends.
+    let mut app = cluster.connect_as("app", "postgres");
+    let e = app.query_one("SELECT lockext.reap()", &[]).unwrap_err();
+    assert_eq!(e.code().map(|c| c.code()), Some("42501"), "{e}");
+    assert_eq!(count_leases(&mut c), 5);
+
+    // A row a client holds is skipped, as a round skips it; the rest of the dead end.
+    let mut holder = cluster.connect();
+    holder
+        .batch_execute("BEGIN; SELECT FROM lockext.locks WHERE lock_id = 'locked' FOR UPDATE")
+        .unwrap();
+    let mut operator = cluster.connect_as("operator", "postgres");
+    let ended: i64 = operator
+        .query_one("SELECT lockext.reap()", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(ended, 3);
+    assert!(lease_exists(&mut c, "locked") && lease_exists(&mut c, "live"));
+    holder.batch_execute("COMMIT").unwrap();
+    let ended: i64 = operator
+        .query_one("SELECT lockext.reap()", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(ended, 1);
+    assert_eq!(count_leases(&mut c), 1);
+    assert!(lease_exists(&mut c, "live"));
+    // In a transaction that rolls back, nothing it ended stays ended.
+    acquire(&mut c, "dead-again", "gone", "1 millisecond").unwrap();
+    thread::sleep(Duration::from_millis(20));
+    operator
+        .batch_execute("BEGIN; SELECT lockext.reap(); ROLLBACK")
+        .unwrap();
+    assert!(lease_exists(&mut c, "dead-again"));
+}

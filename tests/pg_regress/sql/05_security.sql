@@ -58,6 +58,7 @@ DROP TABLE regress_guarded;
 -- An operator's function refuses a member that is not lockext_admin's.
 SET ROLE regress_app;
 SELECT lockext.stats_reset();
+SELECT lockext.reap();
 RESET ROLE;
 
 SET ROLE regress_app;
