@@ -1,6 +1,6 @@
 //! The SQL that lockext runs, prepared once per backend and kept.
 //!
-//! Each statement is a `static Statement` whose text is a file of `sql/run/` (one per
+//! Each statement is a `static Named` whose text is a file of `sql/run/` (one per
 //! statement, `include_str!`-ed by the module that runs it; sql/run/README.md). Its text,
 //! comments included, is its identity in the cache (not its address: the compiler may
 //! merge statics whose contents are equal). Values always travel as parameters, never
@@ -23,12 +23,6 @@ use pgrx::FromDatum;
 use crate::explore;
 use crate::text::Jsonb;
 
-/// A statement whose parameters are passed by position (`[Datum; N]`).
-pub struct Statement {
-    pub sql: &'static str,
-    pub params: &'static [PgBuiltInOids],
-}
-
 /// A statement whose parameters are passed by name: `params` names each `$N`, in order,
 /// with its type, as the file's header names it (`-- $1 limit (...), $2 now (...)`; a
 /// mismatch is refused when the statement is first prepared). Callers give `Args` by name
@@ -47,6 +41,11 @@ impl<'a> Args<'a> {
         Args(Vec::new())
     }
 
+    /// Room for `n` arguments up front: one allocation for a statement's whole set.
+    pub fn with_capacity(n: usize) -> Self {
+        Args(Vec::with_capacity(n))
+    }
+
     /// Gives parameter `name` the value `value`.
     pub fn set(mut self, name: &'static str, value: impl Into<DatumWithOid<'a>>) -> Self {
         self.0.push((name, value.into()));
@@ -60,6 +59,16 @@ impl Named {
     /// statement catch: refused with an internal error, never run with a value misplaced.
     fn ordered<'a>(&'static self, args: Args<'a>) -> Vec<DatumWithOid<'a>> {
         let mut given = args.0;
+        // Given in the order of `params` (as `grant::Params::args` gives the acquire's
+        // eleven): one comparison of names each, no search.
+        let in_order = given.len() == self.params.len()
+            && given
+                .iter()
+                .zip(self.params)
+                .all(|((given, _), (name, _))| given == name);
+        if in_order {
+            return given.into_iter().map(|(_, value)| value).collect();
+        }
         let ordered: Vec<DatumWithOid<'a>> = self
             .params
             .iter()
@@ -112,7 +121,12 @@ impl Named {
         }
     }
 
-    /// As `Statement::run`, with the arguments by name.
+    /// Runs the statement and returns its rows. May write: callers hold a mutable client.
+    ///
+    /// Executed through `select`, not `update`: pgrx's `update` first assigns the
+    /// transaction an id, so that even a lock_acquire that only looked and refused would
+    /// cost a transaction id and a commit record. The plans are prepared as mutating, so
+    /// SPI still runs them read-write; an id is assigned only when a row is written.
     pub fn run<'conn>(
         &'static self,
         client: &mut SpiClient<'conn>,
@@ -127,18 +141,29 @@ impl Named {
         )
     }
 
-    /// As `Statement::read_latest`, with the arguments by name.
+    /// Runs a read-only statement under the newest snapshot, not the statement's or the
+    /// transaction's, and returns its first row. A conflict check must see every lease
+    /// committed before it took its claim (`claims.rs`), even in a REPEATABLE READ
+    /// transaction whose snapshot is older; foreign-key checks read the same way. Needs a
+    /// connected SPI (inside `Spi::connect_mut`).
     pub fn read_latest(&'static self, args: Args<'_>) -> Option<LatestRow> {
+        self.read_latest_rows(args, 1).into_iter().next()
+    }
+
+    /// As `read_latest`, every row.
+    pub fn read_latest_all(&'static self, args: Args<'_>) -> Vec<LatestRow> {
+        self.read_latest_rows(args, 0)
+    }
+
+    fn read_latest_rows(&'static self, args: Args<'_>, limit: i64) -> Vec<LatestRow> {
         let args = self.ordered(args);
         read_rows(
             self.sql,
             || (self.check_header(), self.types()).1,
             &args,
-            1,
+            limit,
             latest_snapshot(),
         )
-        .into_iter()
-        .next()
     }
 }
 
@@ -177,22 +202,6 @@ thread_local! {
     static PLANS: RefCell<HashMap<&'static str, &'static OwnedPreparedStatement>> = RefCell::new(HashMap::new());
 }
 
-impl Statement {
-    /// Runs the statement and returns its rows. May write: callers hold a mutable client.
-    ///
-    /// Executed through `select`, not `update`: pgrx's `update` first assigns the
-    /// transaction an id, so that even a lock_acquire that only looked and refused would
-    /// cost a transaction id and a commit record. The plans are prepared as mutating, so
-    /// SPI still runs them read-write; an id is assigned only when a row is written.
-    pub fn run<'conn>(
-        &'static self,
-        client: &mut SpiClient<'conn>,
-        args: &[DatumWithOid<'_>],
-    ) -> SpiResult<SpiTupleTable<'conn>> {
-        run_kept(self.sql, || self.params.iter().copied(), client, args)
-    }
-}
-
 /// Runs `sql` through its plan kept in this backend, prepared first with the parameter
 /// types `types` gives if there is none yet.
 fn run_kept<'conn, I: Iterator<Item = PgBuiltInOids>>(
@@ -219,16 +228,6 @@ fn run_kept<'conn, I: Iterator<Item = PgBuiltInOids>>(
     rows
 }
 
-/// The first column of the first row, or None when there is no row (or it is NULL).
-pub fn first_value<T: pgrx::IntoDatum + pgrx::FromDatum>(
-    rows: SpiTupleTable<'_>,
-) -> SpiResult<Option<T>> {
-    if rows.is_empty() {
-        return Ok(None);
-    }
-    rows.first().get_one::<T>()
-}
-
 thread_local! {
     // Plans for `read_latest`, which pgrx cannot run with a snapshot of our choosing.
     static RAW_PLANS: RefCell<HashMap<&'static str, usize>> = RefCell::new(HashMap::new());
@@ -246,32 +245,6 @@ impl LatestRow {
         let at = self.names.iter().position(|name| name == column)?;
         let datum = (*self.values.get(at)?)?;
         unsafe { T::from_polymorphic_datum(datum, false, pg_sys::InvalidOid) }
-    }
-}
-
-impl Statement {
-    /// Runs a read-only statement under the newest snapshot, not the statement's or the
-    /// transaction's, and returns its first row. A conflict check must see every lease
-    /// committed before it took its claim (`claims.rs`), even in a REPEATABLE READ
-    /// transaction whose snapshot is older; foreign-key checks read the same way. Needs a
-    /// connected SPI (inside `Spi::connect_mut`).
-    pub fn read_latest(&'static self, args: &[DatumWithOid<'_>]) -> Option<LatestRow> {
-        self.read_latest_rows(args, 1).into_iter().next()
-    }
-
-    /// As `read_latest`, every row.
-    pub fn read_latest_all(&'static self, args: &[DatumWithOid<'_>]) -> Vec<LatestRow> {
-        self.read_latest_rows(args, 0)
-    }
-
-    fn read_latest_rows(&'static self, args: &[DatumWithOid<'_>], limit: i64) -> Vec<LatestRow> {
-        read_rows(
-            self.sql,
-            || self.params.iter().copied(),
-            args,
-            limit,
-            latest_snapshot(),
-        )
     }
 }
 

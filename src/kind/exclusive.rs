@@ -17,7 +17,7 @@ use crate::grant::{
     grant_row, millis, Attachments, ClearDead, Decision, Granted, OwnerRow, Params, Plan, Seen,
     Store, ACQUIRE_PARAMS, LOOK,
 };
-use crate::statements::Statement;
+use crate::statements::Named;
 use crate::token;
 
 pub struct Exclusive;
@@ -62,32 +62,32 @@ impl Look {
 }
 
 static STORE: Store = Store {
-    extend: Statement {
+    extend: Named {
         sql: include_str!("../../sql/run/grant/extend_lock.sql"),
         params: ACQUIRE_PARAMS,
     },
-    take_over: Statement {
+    take_over: Named {
         sql: include_str!("../../sql/run/exclusive/take_over.sql"),
         params: ACQUIRE_PARAMS,
     },
-    insert: Statement {
+    insert: Named {
         sql: include_str!("../../sql/run/exclusive/insert_new.sql"),
         params: ACQUIRE_PARAMS,
     },
 };
 
-static INSERT_FREE: Statement = Statement {
+static INSERT_FREE: Named = Named {
     sql: include_str!("../../sql/run/exclusive/insert_free.sql"),
     params: ACQUIRE_PARAMS,
 };
 
 /// Before an exclusive grant: every dead shared lease and permit of the lock id.
 static CLEAR_DEAD_SHARED: ClearDead = ClearDead {
-    clear: Statement {
+    clear: Named {
         sql: include_str!("../../sql/run/grant/clear_dead_shared.sql"),
         params: ACQUIRE_PARAMS,
     },
-    left: Statement {
+    left: Named {
         sql: include_str!("../../sql/run/grant/left_shared.sql"),
         params: ACQUIRE_PARAMS,
     },
@@ -123,11 +123,11 @@ impl LeaseKind for Exclusive {
         if backend::snapshot_per_transaction() {
             return Ok(None);
         }
-        let rows = token::minting_in(|| INSERT_FREE.run(client, &params.store_datums(attached)))?;
+        let rows = token::minting_in(|| INSERT_FREE.run(client, params.args(attached)))?;
         grant_row(rows)
     }
 
-    fn look(&self) -> &'static Statement {
+    fn look(&self) -> &'static Named {
         &LOOK
     }
 

@@ -13,29 +13,31 @@ use super::{LeaseKind, Request, Taken};
 use crate::backend;
 use crate::claims;
 use crate::error::LockError;
-use crate::grant::{millis, ClearDead, Decision, Params, Seen, Store, ACQUIRE_PARAMS, LOOK};
-use crate::statements::Statement;
+use crate::grant::{
+    millis, Attachments, ClearDead, Decision, Params, Seen, Store, ACQUIRE_PARAMS, LOOK,
+};
+use crate::statements::Named;
 use crate::text::Text;
 
 pub struct Semaphore;
 
-static SLOTS_TAKEN: Statement = Statement {
+static SLOTS_TAKEN: Named = Named {
     sql: include_str!("../../sql/run/shared/slots_taken.sql"),
     params: ACQUIRE_PARAMS,
 };
 
-static SLOT_TAKEN: Statement = Statement {
+static SLOT_TAKEN: Named = Named {
     sql: include_str!("../../sql/run/shared/slot_taken.sql"),
     params: ACQUIRE_PARAMS,
 };
 
 /// Before a permit in slot $10: the dead permits of others in that slot.
 static CLEAR_DEAD_SLOT: ClearDead = ClearDead {
-    clear: Statement {
+    clear: Named {
         sql: include_str!("../../sql/run/grant/clear_dead_slot.sql"),
         params: ACQUIRE_PARAMS,
     },
-    left: Statement {
+    left: Named {
         sql: include_str!("../../sql/run/grant/left_slot.sql"),
         params: ACQUIRE_PARAMS,
     },
@@ -72,7 +74,7 @@ impl LeaseKind for Semaphore {
         &many::STORE
     }
 
-    fn look(&self) -> &'static Statement {
+    fn look(&self) -> &'static Named {
         &LOOK
     }
 
@@ -135,7 +137,7 @@ fn claim_free_slot(
     params: &mut Params<'_>,
 ) -> Result<Option<i32>, LockError> {
     let taken: HashSet<i32> = SLOTS_TAKEN
-        .read_latest_all(&params.datums())
+        .read_latest_all(params.args(&Attachments::NONE))
         .iter()
         .filter_map(|row| row.get::<i32>("slot"))
         .collect();
@@ -150,7 +152,7 @@ fn claim_free_slot(
         // since the first look had held this claim until its commit.
         params.slot = Some(slot);
         if SLOT_TAKEN
-            .read_latest(&params.datums())
+            .read_latest(params.args(&Attachments::NONE))
             .and_then(|row| row.get::<bool>("taken"))
             == Some(false)
         {
