@@ -42,7 +42,7 @@ use crate::catalog;
 use crate::commit;
 use crate::error::{self, LockError, OrReport};
 use crate::lease;
-use crate::statements::{first_named, Args, Named};
+use crate::statements::{first_named, Args, Statement};
 use crate::stats::{self, Counter};
 use crate::text::{Jsonb, Text, TextBuf};
 use crate::wait;
@@ -67,7 +67,7 @@ impl Older {
     }
 }
 
-static INSTALLED: Named = Named {
+static INSTALLED: Statement = Statement {
     sql: include_str!("../sql/run/compat/installed_version.sql"),
     params: &[],
 };
@@ -228,16 +228,16 @@ const RENEW_PARAMS: &[(&str, pg_sys::PgBuiltInOids)] = &[
     ("fence_token", INT8OID),
 ];
 // 0.1.0 has no shared leases and counts no renewals.
-static RENEW_0_1: [Named; 1] = [Named {
+static RENEW_0_1: [Statement; 1] = [Statement {
     sql: include_str!("../sql/run/compat/renew_lock_0_1.sql"),
     params: RENEW_PARAMS,
 }];
-static RENEW_0_2: [Named; 2] = [
-    Named {
+static RENEW_0_2: [Statement; 2] = [
+    Statement {
         sql: include_str!("../sql/run/compat/renew_lock_0_2.sql"),
         params: RENEW_PARAMS,
     },
-    Named {
+    Statement {
         sql: include_str!("../sql/run/compat/renew_shared_lease_0_2.sql"),
         params: RENEW_PARAMS,
     },
@@ -250,22 +250,22 @@ const RELEASE_PARAMS: &[(&str, pg_sys::PgBuiltInOids)] = &[
     ("now", TIMESTAMPTZOID),
     ("fence_token", INT8OID),
 ];
-static RELEASE_0_1: [Named; 1] = [Named {
+static RELEASE_0_1: [Statement; 1] = [Statement {
     sql: include_str!("../sql/run/compat/release_lock.sql"),
     params: RELEASE_PARAMS,
 }];
-static RELEASE_0_2: [Named; 2] = [
-    Named {
+static RELEASE_0_2: [Statement; 2] = [
+    Statement {
         sql: include_str!("../sql/run/compat/release_lock.sql"),
         params: RELEASE_PARAMS,
     },
-    Named {
+    Statement {
         sql: include_str!("../sql/run/compat/release_shared_lease.sql"),
         params: RELEASE_PARAMS,
     },
 ];
 
-static OTHERS_0_1: Named = Named {
+static OTHERS_0_1: Statement = Statement {
     sql: include_str!("../sql/run/compat/others_lease_0_1.sql"),
     params: &[
         ("lock_id", TEXTOID),
@@ -274,7 +274,7 @@ static OTHERS_0_1: Named = Named {
         ("fence_token", INT8OID),
     ],
 };
-static OTHERS_0_2: Named = Named {
+static OTHERS_0_2: Statement = Statement {
     sql: include_str!("../sql/run/compat/others_lease_0_2.sql"),
     params: &[
         ("lock_id", TEXTOID),
@@ -356,7 +356,7 @@ fn renew(
             .set("now", now)
             .set("fence_token", fence_token)
     };
-    let statements: &'static [Named] = match version {
+    let statements: &'static [Statement] = match version {
         Older::V0_1 => &RENEW_0_1,
         Older::V0_2 => &RENEW_0_2,
     };
@@ -443,7 +443,7 @@ fn release(
             .set("now", now)
             .set("fence_token", fence_token)
     };
-    let statements: &'static [Named] = match version {
+    let statements: &'static [Statement] = match version {
         Older::V0_1 => &RELEASE_0_1,
         Older::V0_2 => &RELEASE_0_2,
     };
@@ -471,11 +471,11 @@ fn release(
 
 // ---- lock_check: served ------------------------------------------------------------
 
-static LIVE_0_1: Named = Named {
+static LIVE_0_1: Statement = Statement {
     sql: include_str!("../sql/run/compat/lock_check_0_1.sql"),
     params: &[("lock_id", TEXTOID), ("fence_token", INT8OID)],
 };
-static LIVE_0_2: Named = Named {
+static LIVE_0_2: Statement = Statement {
     sql: include_str!("../sql/run/compat/lock_check_0_2.sql"),
     params: &[("lock_id", TEXTOID), ("fence_token", INT8OID)],
 };
@@ -512,7 +512,7 @@ fn lock_check(lock_id: Option<Text<'_>>, fence_token: Option<i64>) -> bool {
 
 // ---- fencing: served ----------------------------------------------------------------
 
-static ADVANCE_OLDER: Named = Named {
+static ADVANCE_OLDER: Statement = Statement {
     sql: include_str!("../sql/run/compat/advance_mark.sql"),
     params: &[
         ("resource_id", TEXTOID),
@@ -522,7 +522,7 @@ static ADVANCE_OLDER: Named = Named {
     ],
 };
 
-static MARK: Named = Named {
+static MARK: Statement = Statement {
     sql: include_str!("../sql/run/compat/read_mark.sql"),
     params: &[("resource_id", TEXTOID)],
 };
@@ -598,7 +598,7 @@ fn advance(
 }
 
 // Read under the newest snapshot (`read_latest`): why, in the file's header.
-static ISSUED: Named = Named {
+static ISSUED: Statement = Statement {
     sql: include_str!("../sql/run/compat/issued.sql"),
     params: &[],
 };

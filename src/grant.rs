@@ -15,7 +15,7 @@ use pgrx::spi::SpiClient;
 use crate::catalog;
 use crate::claims;
 use crate::error::LockError;
-use crate::statements::{first_named, Args, Named};
+use crate::statements::{first_named, Args, Statement};
 use crate::text::{Text, TextBuf};
 use crate::token;
 use crate::xact;
@@ -108,8 +108,8 @@ pub(crate) const ACQUIRE_PARAMS: &[(&str, pg_sys::PgBuiltInOids)] = &[
 /// way (`clear`), and the check that none of them is left (`left`, read under the newest
 /// snapshot once `clear` ran). Each kind has the ones it needs.
 pub struct ClearDead {
-    pub clear: Named,
-    pub left: Named,
+    pub clear: Statement,
+    pub left: Statement,
 }
 
 /// Deletes the dead leases that the look saw in the grant's way (`ClearDead`): whether
@@ -150,9 +150,9 @@ pub fn clear_dead(
 }
 
 /// The look of every kind but a shared lease: every lease of the lock id, read under the
-/// newest snapshot (`Named::read_latest_all`), after passing the gate; each kind sums
+/// newest snapshot (`Statement::read_latest_all`), after passing the gate; each kind sums
 /// the rows up its own way (`kind/`).
-pub static LOOK: Named = Named {
+pub static LOOK: Statement = Statement {
     sql: include_str!("../sql/run/grant/look.sql"),
     params: ACQUIRE_PARAMS,
 };
@@ -186,7 +186,7 @@ impl Seen {
 
 /// The look: the leases of the lock id in `params` that its acquire depends on, as the
 /// kind's `look` statement reads them under the newest snapshot, and the call's clock.
-pub fn look_at(look: &'static Named, params: &Params<'_>) -> (Vec<Seen>, i64) {
+pub fn look_at(look: &'static Statement, params: &Params<'_>) -> (Vec<Seen>, i64) {
     let leases = look
         .read_latest_all(params.args(&Attachments::NONE))
         .into_iter()
@@ -207,9 +207,9 @@ pub fn look_at(look: &'static Named, params: &Params<'_>) -> (Vec<Seen>, i64) {
 /// The statements that store a lease of one table: the caller's own live lease extended,
 /// a row taken over in place, a row inserted. Each kind names its table's (`kind/`).
 pub struct Store {
-    pub extend: Named,
-    pub take_over: Named,
-    pub insert: Named,
+    pub extend: Statement,
+    pub take_over: Statement,
+    pub insert: Statement,
 }
 
 /// What a kind decided from its look (`LeaseKind::decide`).
@@ -342,7 +342,7 @@ pub fn extend_own(
 #[inline(never)]
 fn grant_by(
     client: &mut SpiClient<'_>,
-    statement: &'static Named,
+    statement: &'static Statement,
     params: &Params<'_>,
     attached: &Attachments,
 ) -> Result<Option<Granted>, LockError> {

@@ -35,7 +35,7 @@ use crate::grant::{self, extend_own, look_at, Attempt, Decision, Granted, Params
 use crate::keepalive;
 use crate::kind::{Request, Taken};
 use crate::session;
-use crate::statements::{Args, Named};
+use crate::statements::{Args, Statement};
 use crate::stats::{self, Counter};
 use crate::text::Text;
 use crate::token;
@@ -86,29 +86,29 @@ const RENEW_PARAMS: &[(&str, pg_sys::PgBuiltInOids)] = &[
     ("ttl", INTERVALOID),
 ];
 
-static RENEW: [Named; 2] = [
-    Named {
+static RENEW: [Statement; 2] = [
+    Statement {
         sql: include_str!("../sql/run/lease/renew_lock.sql"),
         params: RENEW_PARAMS,
     },
-    Named {
+    Statement {
         sql: include_str!("../sql/run/lease/renew_shared_lease.sql"),
         params: RENEW_PARAMS,
     },
 ];
 
-static RELEASE: [Named; 2] = [
-    Named {
+static RELEASE: [Statement; 2] = [
+    Statement {
         sql: include_str!("../sql/run/lease/release_lock.sql"),
         params: HELD_PARAMS,
     },
-    Named {
+    Statement {
         sql: include_str!("../sql/run/lease/release_shared_lease.sql"),
         params: HELD_PARAMS,
     },
 ];
 
-static NOTIFY: Named = Named {
+static NOTIFY: Statement = Statement {
     sql: include_str!("../sql/run/lease/notify.sql"),
     params: &[
         ("event", TEXTOID),
@@ -484,7 +484,7 @@ pub fn release_valid(
 /// found.
 pub fn first_found<'a, T>(
     client: &mut SpiClient<'_>,
-    statements: &'static [Named],
+    statements: &'static [Statement],
     args: impl Fn() -> Args<'a>,
     read: impl Fn(SpiTupleTable<'_>) -> Result<Option<T>, LockError>,
 ) -> Result<Option<T>, LockError> {
@@ -536,7 +536,7 @@ pub fn released(rows: SpiTupleTable<'_>) -> Result<Option<(bool, i64)>, LockErro
 }
 
 // Read under the newest snapshot (`read_latest`). Parameters as RELEASE's (`Held`).
-static HELD_BY_CALLER: Named = Named {
+static HELD_BY_CALLER: Statement = Statement {
     sql: include_str!("../sql/run/lease/held_by_caller.sql"),
     params: HELD_PARAMS,
 };

@@ -1,6 +1,6 @@
 //! The SQL that lockext runs, prepared once per backend and kept.
 //!
-//! Each statement is a `static Named` whose text is a file of `sql/run/` (one per
+//! Each statement is a `static Statement` whose text is a file of `sql/run/` (one per
 //! statement, `include_str!`-ed by the module that runs it; sql/run/README.md). Its text,
 //! comments included, is its identity in the cache (not its address: the compiler may
 //! merge statics whose contents are equal). Values always travel as parameters, never
@@ -23,16 +23,17 @@ use pgrx::FromDatum;
 use crate::explore;
 use crate::text::Jsonb;
 
-/// A statement whose parameters are passed by name: `params` names each `$N`, in order,
-/// with its type, as the file's header names it (`-- $1 limit (...), $2 now (...)`; a
-/// mismatch is refused when the statement is first prepared). Callers give `Args` by name
-/// and read the columns by name (`first_named`, `get_by_name`).
-pub struct Named {
+/// A statement lockext runs, the one kind there is: its text (a file of `sql/run/`) and
+/// its parameters by name. `params` names each `$N`, in order, with its type, as the
+/// file's header names it (`-- $1 limit (...), $2 now (...)`; a mismatch is refused when
+/// the statement is first prepared). Callers give `Args` by name and read the columns by
+/// name (`first_named`, `get_by_name`, `LatestRow::get`), never by position.
+pub struct Statement {
     pub sql: &'static str,
     pub params: &'static [(&'static str, PgBuiltInOids)],
 }
 
-/// The arguments of a `Named` statement, each by its parameter's name.
+/// The arguments of a `Statement`, each by its parameter's name.
 #[derive(Default)]
 pub struct Args<'a>(Vec<(&'static str, DatumWithOid<'a>)>);
 
@@ -53,7 +54,7 @@ impl<'a> Args<'a> {
     }
 }
 
-impl Named {
+impl Statement {
     /// `args` in the order of `params`. Every name is a constant of the calling module,
     /// so a missing or unknown one is lockext's bug, which the tests that run the
     /// statement catch: refused with an internal error, never run with a value misplaced.

@@ -53,7 +53,7 @@ use crate::catalog;
 use crate::error::LockError;
 use crate::ledger::{self, State};
 use crate::settings;
-use crate::statements::{Args, Named};
+use crate::statements::{Args, Statement};
 
 pub use crate::ledger::Layout;
 
@@ -65,25 +65,25 @@ const EPOCH_CLAIM: &str = "\u{0}lockext token epoch";
 
 // Each read under the newest snapshot (`read_latest`): a restore committed after this
 // transaction's snapshot is evidence too.
-static READ_ROW: Named = Named {
+static READ_ROW: Statement = Statement {
     sql: include_str!("../sql/run/token/read_row.sql"),
     params: &[],
 };
 
 // The epoch row of an installation whose SQL is 0.3.0's (no `boot`).
-static READ_ROW_0_3: Named = Named {
+static READ_ROW_0_3: Statement = Statement {
     sql: include_str!("../sql/run/token/read_row_0_3.sql"),
     params: &[],
 };
 
 // The epoch row of an installation whose SQL is older than 0.3.0 (no layout column; 0.2.0's
 // `boot`): always 0.2.0's layout.
-static READ_ROW_0_2: Named = Named {
+static READ_ROW_0_2: Statement = Statement {
     sql: include_str!("../sql/run/token/read_row_0_2.sql"),
     params: &[],
 };
 
-static WRITE_ROW: Named = Named {
+static WRITE_ROW: Statement = Statement {
     sql: include_str!("../sql/run/token/write_row.sql"),
     params: &[
         ("epoch", INT4OID),
@@ -96,31 +96,31 @@ static WRITE_ROW: Named = Named {
 
 /// The highest token in each table of lockext's that holds tokens (a table an older version
 /// did not have is skipped): they travel with dumps even when the epoch row does not.
-static HIGHEST_KEPT: [(&CStr, Named); 4] = [
+static HIGHEST_KEPT: [(&CStr, Statement); 4] = [
     (
         c"locks",
-        Named {
+        Statement {
             sql: include_str!("../sql/run/token/highest_lock.sql"),
             params: &[],
         },
     ),
     (
         c"shared_leases",
-        Named {
+        Statement {
             sql: include_str!("../sql/run/token/highest_shared_lease.sql"),
             params: &[],
         },
     ),
     (
         c"resources",
-        Named {
+        Statement {
             sql: include_str!("../sql/run/token/highest_resource.sql"),
             params: &[],
         },
     ),
     (
         c"keepalives",
-        Named {
+        Statement {
             sql: include_str!("../sql/run/token/highest_keepalive.sql"),
             params: &[],
         },
@@ -436,7 +436,7 @@ pub fn highest_issued() -> Result<i64, LockError> {
     Ok(from_file.max(issued_by_older_libraries()))
 }
 
-static SEQUENCE_LAST: Named = Named {
+static SEQUENCE_LAST: Statement = Statement {
     sql: include_str!("../sql/run/token/sequence_last.sql"),
     params: &[],
 };

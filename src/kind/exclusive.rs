@@ -17,7 +17,7 @@ use crate::grant::{
     grant_row, millis, Attachments, ClearDead, Decision, Granted, OwnerRow, Params, Plan, Seen,
     Store, ACQUIRE_PARAMS, LOOK,
 };
-use crate::statements::Named;
+use crate::statements::Statement;
 use crate::token;
 
 pub struct Exclusive;
@@ -62,32 +62,32 @@ impl Look {
 }
 
 static STORE: Store = Store {
-    extend: Named {
+    extend: Statement {
         sql: include_str!("../../sql/run/grant/extend_lock.sql"),
         params: ACQUIRE_PARAMS,
     },
-    take_over: Named {
+    take_over: Statement {
         sql: include_str!("../../sql/run/exclusive/take_over.sql"),
         params: ACQUIRE_PARAMS,
     },
-    insert: Named {
+    insert: Statement {
         sql: include_str!("../../sql/run/exclusive/insert_new.sql"),
         params: ACQUIRE_PARAMS,
     },
 };
 
-static INSERT_FREE: Named = Named {
+static INSERT_FREE: Statement = Statement {
     sql: include_str!("../../sql/run/exclusive/insert_free.sql"),
     params: ACQUIRE_PARAMS,
 };
 
 /// Before an exclusive grant: every dead shared lease and permit of the lock id.
 static CLEAR_DEAD_SHARED: ClearDead = ClearDead {
-    clear: Named {
+    clear: Statement {
         sql: include_str!("../../sql/run/grant/clear_dead_shared.sql"),
         params: ACQUIRE_PARAMS,
     },
-    left: Named {
+    left: Statement {
         sql: include_str!("../../sql/run/grant/left_shared.sql"),
         params: ACQUIRE_PARAMS,
     },
@@ -127,7 +127,7 @@ impl LeaseKind for Exclusive {
         grant_row(rows)
     }
 
-    fn look(&self) -> &'static Named {
+    fn look(&self) -> &'static Statement {
         &LOOK
     }
 

@@ -8,7 +8,7 @@
 //! committed before it passed.
 
 use crate::grant::{ClearDead, OwnerRow, Plan, Seen, Store, ACQUIRE_PARAMS};
-use crate::statements::Named;
+use crate::statements::Statement;
 
 /// What a shared or permit acquire sees of its lock id (`grant::look_at`), by the call's
 /// clock: the exclusive lease, and the shared leases or permits not yet free (a shared
@@ -84,15 +84,15 @@ impl Look {
 }
 
 pub static STORE: Store = Store {
-    extend: Named {
+    extend: Statement {
         sql: include_str!("../../sql/run/grant/extend_shared_lease.sql"),
         params: ACQUIRE_PARAMS,
     },
-    take_over: Named {
+    take_over: Statement {
         sql: include_str!("../../sql/run/shared/take_over.sql"),
         params: ACQUIRE_PARAMS,
     },
-    insert: Named {
+    insert: Statement {
         sql: include_str!("../../sql/run/shared/insert_new.sql"),
         params: ACQUIRE_PARAMS,
     },
@@ -100,11 +100,11 @@ pub static STORE: Store = Store {
 
 /// Before a shared lease or a permit: the dead exclusive lease of the lock id.
 static CLEAR_DEAD_EXCLUSIVE: ClearDead = ClearDead {
-    clear: Named {
+    clear: Statement {
         sql: include_str!("../../sql/run/grant/clear_dead_exclusive.sql"),
         params: ACQUIRE_PARAMS,
     },
-    left: Named {
+    left: Statement {
         sql: include_str!("../../sql/run/grant/left_exclusive.sql"),
         params: ACQUIRE_PARAMS,
     },

@@ -25,7 +25,7 @@ use pgrx::spi::SpiClient;
 use crate::claims::{self, Gate};
 use crate::error::{self, LockError};
 use crate::grant::{Attachments, Decision, Granted, Params, Seen, Store};
-use crate::statements::Named;
+use crate::statements::Statement;
 use crate::text::Text;
 
 /// What a kind of lease provides. Each kind implements it once, in a module of its own.
@@ -72,7 +72,7 @@ pub trait LeaseKind: Sync {
     }
 
     /// The statement of the look (`grant::look_at`).
-    fn look(&self) -> &'static Named;
+    fn look(&self) -> &'static Statement;
 
     /// What to do, from the look: refuse, or a plan for the store step. A claim taken
     /// here that the try must give back if it grants nothing goes into `taken`.

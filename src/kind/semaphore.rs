@@ -16,28 +16,28 @@ use crate::error::LockError;
 use crate::grant::{
     millis, Attachments, ClearDead, Decision, Params, Seen, Store, ACQUIRE_PARAMS, LOOK,
 };
-use crate::statements::Named;
+use crate::statements::Statement;
 use crate::text::Text;
 
 pub struct Semaphore;
 
-static SLOTS_TAKEN: Named = Named {
+static SLOTS_TAKEN: Statement = Statement {
     sql: include_str!("../../sql/run/shared/slots_taken.sql"),
     params: ACQUIRE_PARAMS,
 };
 
-static SLOT_TAKEN: Named = Named {
+static SLOT_TAKEN: Statement = Statement {
     sql: include_str!("../../sql/run/shared/slot_taken.sql"),
     params: ACQUIRE_PARAMS,
 };
 
 /// Before a permit in slot $10: the dead permits of others in that slot.
 static CLEAR_DEAD_SLOT: ClearDead = ClearDead {
-    clear: Named {
+    clear: Statement {
         sql: include_str!("../../sql/run/grant/clear_dead_slot.sql"),
         params: ACQUIRE_PARAMS,
     },
-    left: Named {
+    left: Statement {
         sql: include_str!("../../sql/run/grant/left_slot.sql"),
         params: ACQUIRE_PARAMS,
     },
@@ -74,7 +74,7 @@ impl LeaseKind for Semaphore {
         &many::STORE
     }
 
-    fn look(&self) -> &'static Named {
+    fn look(&self) -> &'static Statement {
         &LOOK
     }
 

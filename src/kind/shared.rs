@@ -7,14 +7,14 @@ use super::{LeaseKind, Request, Taken};
 use crate::claims;
 use crate::error::LockError;
 use crate::grant::{millis, Decision, Params, Seen, Store, ACQUIRE_PARAMS};
-use crate::statements::Named;
+use crate::statements::Statement;
 use crate::text::Text;
 
 pub struct Shared;
 
 // The look of a shared acquire: the exclusive lease, the caller's own row, and one live
 // permit of someone else's, if any (sql/run/grant/look_shared.sql).
-static LOOK_SHARED: Named = Named {
+static LOOK_SHARED: Statement = Statement {
     sql: include_str!("../../sql/run/grant/look_shared.sql"),
     params: ACQUIRE_PARAMS,
 };
@@ -40,7 +40,7 @@ impl LeaseKind for Shared {
         &many::STORE
     }
 
-    fn look(&self) -> &'static Named {
+    fn look(&self) -> &'static Statement {
         &LOOK_SHARED
     }
 
