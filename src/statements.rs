@@ -33,63 +33,75 @@ pub struct Statement {
     pub params: &'static [(&'static str, PgBuiltInOids)],
 }
 
-/// The arguments of a `Statement`, each by its parameter's name.
+/// The most parameters a statement takes (the acquire's eleven, and room).
+const MAX_PARAMS: usize = 16;
+
+/// The arguments of a `Statement`, each by its parameter's name: the values in one vector
+/// (the one allocation of a call), their names beside them, inline.
 #[derive(Default)]
-pub struct Args<'a>(Vec<(&'static str, DatumWithOid<'a>)>);
+pub struct Args<'a> {
+    names: [&'static str; MAX_PARAMS],
+    values: Vec<DatumWithOid<'a>>,
+}
 
 impl<'a> Args<'a> {
     pub fn new() -> Self {
-        Args(Vec::new())
+        Args::default()
     }
 
     /// Room for `n` arguments up front: one allocation for a statement's whole set.
     pub fn with_capacity(n: usize) -> Self {
-        Args(Vec::with_capacity(n))
+        Args {
+            names: [""; MAX_PARAMS],
+            values: Vec::with_capacity(n),
+        }
     }
 
     /// Gives parameter `name` the value `value`.
     pub fn set(mut self, name: &'static str, value: impl Into<DatumWithOid<'a>>) -> Self {
-        self.0.push((name, value.into()));
+        let at = self.values.len();
+        if at == MAX_PARAMS {
+            pgrx::error!("lockext: more than {MAX_PARAMS} arguments (${name})");
+        }
+        self.names[at] = name;
+        self.values.push(value.into());
         self
     }
 }
 
 impl Statement {
-    /// `args` in the order of `params`. Every name is a constant of the calling module,
-    /// so a missing or unknown one is lockext's bug, which the tests that run the
-    /// statement catch: refused with an internal error, never run with a value misplaced.
+    /// The values of `args` in the order of `params`, put in place by swapping (nothing
+    /// moves when they were given in that order, as `grant::Params::args` gives the
+    /// acquire's eleven: one comparison of names each). Every name is a constant of the
+    /// calling module, so a missing or unknown one is lockext's bug, which the tests that
+    /// run the statement catch: refused with an internal error, never run with a value
+    /// misplaced.
     fn ordered<'a>(&'static self, args: Args<'a>) -> Vec<DatumWithOid<'a>> {
-        let mut given = args.0;
-        // Given in the order of `params` (as `grant::Params::args` gives the acquire's
-        // eleven): one comparison of names each, no search.
-        let in_order = given.len() == self.params.len()
-            && given
-                .iter()
-                .zip(self.params)
-                .all(|((given, _), (name, _))| given == name);
-        if in_order {
-            return given.into_iter().map(|(_, value)| value).collect();
+        let Args {
+            mut names,
+            mut values,
+        } = args;
+        let given = values.len();
+        for (at, (name, _)) in self.params.iter().enumerate() {
+            match (at..given).find(|&i| names[i] == *name) {
+                Some(i) => {
+                    names.swap(at, i);
+                    values.swap(at, i);
+                }
+                None => pgrx::error!(
+                    "lockext: no value for ${name} of {}",
+                    explore::statement_name(self.sql)
+                ),
+            }
         }
-        let ordered: Vec<DatumWithOid<'a>> = self
-            .params
-            .iter()
-            .map(
-                |(name, _)| match given.iter().position(|(n, _)| n == name) {
-                    Some(at) => given.swap_remove(at).1,
-                    None => pgrx::error!(
-                        "lockext: no value for ${name} of {}",
-                        explore::statement_name(self.sql)
-                    ),
-                },
-            )
-            .collect();
-        if let Some((name, _)) = given.first() {
+        if given > self.params.len() {
             pgrx::error!(
-                "lockext: {} has no parameter ${name}",
-                explore::statement_name(self.sql)
+                "lockext: {} has no parameter ${}",
+                explore::statement_name(self.sql),
+                names[self.params.len()]
             );
         }
-        ordered
+        values
     }
 
     fn types(&'static self) -> impl Iterator<Item = PgBuiltInOids> {
