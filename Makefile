@@ -104,12 +104,14 @@ test: bootstrap
 # Formatting (rustfmt.toml) and clippy's warnings, as errors, for the extension's code and
 # the cluster tests' (their checkers and fault clients are code a failure is read through);
 # before them, the import graph against ARCHITECTURE.md's table and map, the Markdown's
-# relative links and anchors, and that both of those checkers fail on a wrong table or link.
+# relative links and anchors, and that both of those checkers fail on a wrong table or link;
+# `unsafe` only where listed; statements by named parameters and columns, headers naming each.
 lint:
 	python3 scripts/check_imports.py
 	python3 scripts/check_links.py
 	bash scripts/test_checkers.sh
 	python3 scripts/check_unsafe.py
+	python3 scripts/check_statements.py
 	cargo fmt --all --check
 	cargo clippy --release --all-targets -p lockext -- -D warnings
 	cargo clippy --release --all-targets -p lockext --no-default-features --features pg18 -- -D warnings

@@ -3,7 +3,8 @@
 # wrong, and must exit 1 naming it (`make lint` runs this after the checkers themselves).
 #   - check_imports.py: a wrong row of ARCHITECTURE.md's table, a module of src/ it leaves
 #     out (a new folder module), and a file left out of the module map;
-#   - check_links.py: a link to a file that does not exist, and to a heading that does not.
+#   - check_links.py: a link to a file that does not exist, and to a heading that does not;
+#   - check_statements.py: a column read by position, and a header that leaves a `$N` out.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 WORK=$(mktemp -d)
@@ -50,3 +51,13 @@ fresh
 echo '[gone](docs/sql-reference.md#no-such-heading)' >>"$WORK/repo/README.md"
 expect_failure "a link to no heading" "no heading with anchor #no-such-heading" \
     python3 "$WORK/repo/scripts/check_links.py" "$WORK/repo/README.md"
+
+fresh
+python3 "$WORK/repo/scripts/check_statements.py" || fail "check_statements.py fails on the repository as it is"
+sed -i 's/first_named::<bool>(cleared, "all_gone")/cleared.first().get_one::<bool>()/' "$WORK/repo/src/grant.rs"
+expect_failure "a column read by position" "src/grant.rs" python3 "$WORK/repo/scripts/check_statements.py"
+
+fresh
+sed -i 's/^-- \$1 event, \$2 lock_id,/-- $1 event, lock_id,/' "$WORK/repo/sql/run/lease/notify.sql"
+expect_failure "a header that leaves a parameter out" "notify.sql: the header does not name \$2" \
+    python3 "$WORK/repo/scripts/check_statements.py"

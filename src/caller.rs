@@ -30,9 +30,9 @@ use pgrx::pg_sys;
 use crate::backend;
 use crate::catalog;
 use crate::error::LockError;
-use crate::statements::{first_named, Args, Named};
+use crate::statements::{first_named, Args, Statement};
 
-static SCHEMA_OWNER: Named = Named {
+static SCHEMA_OWNER: Statement = Statement {
     sql: include_str!("../sql/run/caller/schema_owner.sql"),
     params: &[("schema", pg_sys::BuiltinOid::OIDOID)],
 };

@@ -32,7 +32,6 @@
 //! sql/lockext--0.1.0--0.2.0.sql; they are valid on 0.3.0's tables too, for a call that
 //! started before an update committed and ran on after it.
 
-use pgrx::datum::DatumWithOid;
 use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::pg_sys::{self, BuiltinOid::*};
 use pgrx::prelude::*;
@@ -43,7 +42,7 @@ use crate::catalog;
 use crate::commit;
 use crate::error::{self, LockError, OrReport};
 use crate::lease;
-use crate::statements::{first_named, Args, Named, Statement};
+use crate::statements::{first_named, Args, Statement};
 use crate::stats::{self, Counter};
 use crate::text::{Jsonb, Text, TextBuf};
 use crate::wait;
@@ -68,7 +67,7 @@ impl Older {
     }
 }
 
-static INSTALLED: Named = Named {
+static INSTALLED: Statement = Statement {
     sql: include_str!("../sql/run/compat/installed_version.sql"),
     params: &[],
 };
@@ -220,13 +219,13 @@ fn is_admin(role: pg_sys::Oid) -> bool {
     catalog::has_privileges_of_named(role, c"lockext_admin")
 }
 
-const RENEW_PARAMS: &[pg_sys::PgBuiltInOids] = &[
-    TEXTOID,
-    TEXTOID,
-    OIDOID,
-    INTERVALOID,
-    TIMESTAMPTZOID,
-    INT8OID,
+const RENEW_PARAMS: &[(&str, pg_sys::PgBuiltInOids)] = &[
+    ("lock_id", TEXTOID),
+    ("owner", TEXTOID),
+    ("role", OIDOID),
+    ("ttl", INTERVALOID),
+    ("now", TIMESTAMPTZOID),
+    ("fence_token", INT8OID),
 ];
 // 0.1.0 has no shared leases and counts no renewals.
 static RENEW_0_1: [Statement; 1] = [Statement {
@@ -244,8 +243,13 @@ static RENEW_0_2: [Statement; 2] = [
     },
 ];
 
-const RELEASE_PARAMS: &[pg_sys::PgBuiltInOids] =
-    &[TEXTOID, TEXTOID, OIDOID, TIMESTAMPTZOID, INT8OID];
+const RELEASE_PARAMS: &[(&str, pg_sys::PgBuiltInOids)] = &[
+    ("lock_id", TEXTOID),
+    ("owner", TEXTOID),
+    ("role", OIDOID),
+    ("now", TIMESTAMPTZOID),
+    ("fence_token", INT8OID),
+];
 static RELEASE_0_1: [Statement; 1] = [Statement {
     sql: include_str!("../sql/run/compat/release_lock.sql"),
     params: RELEASE_PARAMS,
@@ -261,7 +265,7 @@ static RELEASE_0_2: [Statement; 2] = [
     },
 ];
 
-static OTHERS_0_1: Named = Named {
+static OTHERS_0_1: Statement = Statement {
     sql: include_str!("../sql/run/compat/others_lease_0_1.sql"),
     params: &[
         ("lock_id", TEXTOID),
@@ -270,7 +274,7 @@ static OTHERS_0_1: Named = Named {
         ("fence_token", INT8OID),
     ],
 };
-static OTHERS_0_2: Named = Named {
+static OTHERS_0_2: Statement = Statement {
     sql: include_str!("../sql/run/compat/others_lease_0_2.sql"),
     params: &[
         ("lock_id", TEXTOID),
@@ -342,21 +346,23 @@ fn renew(
     let fence_token = error::optional_token("fence_token", fence_token)?;
     backend::writable_server()?;
     let role = session_role("lock_renew", version);
-    let args = [
-        DatumWithOid::from(lock_id),
-        owner.into(),
-        role.into(),
-        ttl.into(),
-        backend::now()?.into(),
-        fence_token.into(),
-    ];
+    let now = backend::now()?;
+    let args = || {
+        Args::with_capacity(RENEW_PARAMS.len())
+            .set("lock_id", lock_id)
+            .set("owner", owner)
+            .set("role", role)
+            .set("ttl", ttl)
+            .set("now", now)
+            .set("fence_token", fence_token)
+    };
     let statements: &'static [Statement] = match version {
         Older::V0_1 => &RENEW_0_1,
         Older::V0_2 => &RENEW_0_2,
     };
     let only_leases = commit::only_leases_so_far();
     let renewed =
-        Spi::connect_mut(|client| lease::first_found(client, statements, &args, lease::renewed))?;
+        Spi::connect_mut(|client| lease::first_found(client, statements, args, lease::renewed))?;
     commit::relax_if_only_leases(only_leases);
     if renewed.is_none() {
         refuse_if_administering("lock_renew", version, role, lock_id, owner, fence_token)?;
@@ -428,20 +434,22 @@ fn release(
     owner: Text<'_>,
     fence_token: Option<i64>,
 ) -> Result<bool, LockError> {
-    let args = [
-        DatumWithOid::from(lock_id),
-        owner.into(),
-        role.into(),
-        backend::now()?.into(),
-        fence_token.into(),
-    ];
+    let now = backend::now()?;
+    let args = || {
+        Args::with_capacity(RELEASE_PARAMS.len())
+            .set("lock_id", lock_id)
+            .set("owner", owner)
+            .set("role", role)
+            .set("now", now)
+            .set("fence_token", fence_token)
+    };
     let statements: &'static [Statement] = match version {
         Older::V0_1 => &RELEASE_0_1,
         Older::V0_2 => &RELEASE_0_2,
     };
     let only_leases = commit::only_leases_so_far();
     let deleted =
-        Spi::connect_mut(|client| lease::first_found(client, statements, &args, lease::released))?;
+        Spi::connect_mut(|client| lease::first_found(client, statements, args, lease::released))?;
     commit::relax_if_only_leases(only_leases);
     if deleted.is_none() {
         refuse_if_administering(function, version, role, lock_id, owner, fence_token)?;
@@ -463,11 +471,11 @@ fn release(
 
 // ---- lock_check: served ------------------------------------------------------------
 
-static LIVE_0_1: Named = Named {
+static LIVE_0_1: Statement = Statement {
     sql: include_str!("../sql/run/compat/lock_check_0_1.sql"),
     params: &[("lock_id", TEXTOID), ("fence_token", INT8OID)],
 };
-static LIVE_0_2: Named = Named {
+static LIVE_0_2: Statement = Statement {
     sql: include_str!("../sql/run/compat/lock_check_0_2.sql"),
     params: &[("lock_id", TEXTOID), ("fence_token", INT8OID)],
 };
@@ -504,7 +512,7 @@ fn lock_check(lock_id: Option<Text<'_>>, fence_token: Option<i64>) -> bool {
 
 // ---- fencing: served ----------------------------------------------------------------
 
-static ADVANCE_OLDER: Named = Named {
+static ADVANCE_OLDER: Statement = Statement {
     sql: include_str!("../sql/run/compat/advance_mark.sql"),
     params: &[
         ("resource_id", TEXTOID),
@@ -514,7 +522,7 @@ static ADVANCE_OLDER: Named = Named {
     ],
 };
 
-static MARK: Named = Named {
+static MARK: Statement = Statement {
     sql: include_str!("../sql/run/compat/read_mark.sql"),
     params: &[("resource_id", TEXTOID)],
 };
@@ -590,7 +598,7 @@ fn advance(
 }
 
 // Read under the newest snapshot (`read_latest`): why, in the file's header.
-static ISSUED: Named = Named {
+static ISSUED: Statement = Statement {
     sql: include_str!("../sql/run/compat/issued.sql"),
     params: &[],
 };

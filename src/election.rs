@@ -41,12 +41,12 @@ use crate::error::{self, LockError, OrReport};
 use crate::kind::Request;
 use crate::lease;
 use crate::settings;
-use crate::statements::{jsonb_by_name, Args, Named};
+use crate::statements::{jsonb_by_name, Args, Statement};
 use crate::text::{Jsonb, Text, TextBuf};
 use crate::wait;
 use crate::xact;
 
-static SET_VALUE: Named = Named {
+static SET_VALUE: Statement = Statement {
     sql: include_str!("../sql/run/election/set_value.sql"),
     params: &[
         ("lock_id", TEXTOID),
@@ -60,7 +60,7 @@ static SET_VALUE: Named = Named {
     ],
 };
 
-static HOLDERS: Named = Named {
+static HOLDERS: Statement = Statement {
     sql: include_str!("../sql/run/election/holders.sql"),
     params: &[
         ("lock_id", TEXTOID),

@@ -23,7 +23,7 @@ use pgrx::{register_subxact_callback, PgSqlErrorCode, PgSubXactCallbackEvent};
 use crate::backend;
 use crate::caller::{self, Needs};
 use crate::error::{self, LockError, OrReport};
-use crate::statements::{first_named, Args, Named};
+use crate::statements::{first_named, Args, Statement};
 use crate::stats::{self, Counter};
 use crate::text::{Jsonb, Text, TextBuf};
 use crate::token;
@@ -31,7 +31,7 @@ use crate::xact;
 
 // The check and the write are one statement (why, and what a bound resource demands: the
 // file's header).
-static ADVANCE: Named = Named {
+static ADVANCE: Statement = Statement {
     sql: include_str!("../sql/run/fence/advance.sql"),
     params: &[
         ("resource_id", TEXTOID),
@@ -42,18 +42,18 @@ static ADVANCE: Named = Named {
     ],
 };
 
-static BIND: Named = Named {
+static BIND: Statement = Statement {
     sql: include_str!("../sql/run/fence/bind.sql"),
     params: &[("resource_id", TEXTOID), ("lock_id", TEXTOID)],
 };
 
-static HIGH_WATER_MARK: Named = Named {
+static HIGH_WATER_MARK: Statement = Statement {
     sql: include_str!("../sql/run/fence/high_water_mark.sql"),
     params: &[("resource_id", TEXTOID), ("fence_token", INT8OID)],
 };
 
 // Read under the newest snapshot (`Statement::read_latest`), as are the next two.
-static EXCLUSIVE_GRANT_LIVE: Named = Named {
+static EXCLUSIVE_GRANT_LIVE: Statement = Statement {
     sql: include_str!("../sql/run/fence/exclusive_grant_live.sql"),
     params: &[
         ("lock_id", TEXTOID),
@@ -62,7 +62,7 @@ static EXCLUSIVE_GRANT_LIVE: Named = Named {
     ],
 };
 
-static OWN_LEASE_LIVE: Named = Named {
+static OWN_LEASE_LIVE: Statement = Statement {
     sql: include_str!("../sql/run/fence/own_lease_live.sql"),
     params: &[
         ("lock_id", TEXTOID),
@@ -71,12 +71,12 @@ static OWN_LEASE_LIVE: Named = Named {
     ],
 };
 
-static READ_MARK: Named = Named {
+static READ_MARK: Statement = Statement {
     sql: include_str!("../sql/run/fence/read_mark.sql"),
     params: &[("resource_id", TEXTOID)],
 };
 
-static LEASE_IS_LIVE: Named = Named {
+static LEASE_IS_LIVE: Statement = Statement {
     sql: include_str!("../sql/run/fence/lease_is_live.sql"),
     params: &[("lock_id", TEXTOID), ("fence_token", INT8OID)],
 };
@@ -540,7 +540,7 @@ fn refusal(resource_id: Text<'_>, fence_token: i64) -> Result<Option<TextBuf>, L
 /// A yes-or-no question about a grant (of `role`'s, when given), under the newest snapshot:
 /// its column `live`.
 fn read_now(
-    question: &'static Named,
+    question: &'static Statement,
     lock_id: Text<'_>,
     fence_token: i64,
     role: Option<pg_sys::Oid>,

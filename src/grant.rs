@@ -8,7 +8,6 @@
 
 use std::time::Duration;
 
-use pgrx::datum::DatumWithOid;
 use pgrx::pg_sys::{self, BuiltinOid::*};
 use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
@@ -16,16 +15,16 @@ use pgrx::spi::SpiClient;
 use crate::catalog;
 use crate::claims;
 use crate::error::LockError;
-use crate::statements::{first_value, Statement};
+use crate::statements::{first_named, Args, Statement};
 use crate::text::{Text, TextBuf};
 use crate::token;
 use crate::xact;
 
 pub type Grant = pgrx::composite_type!('static, "lock_grant");
 
-/// The parameters of every acquire statement, by name; `datums` lays them out as the
-/// statements number them (`ACQUIRE_PARAMS`), with the attachments ($8, $11) of the store
-/// step's statements only (`store_datums`).
+/// The parameters of every acquire statement, by name (`ACQUIRE_PARAMS`); `args` gives
+/// them to a statement, with the attachments ($8, $11) for the store step's statements
+/// only.
 pub struct Params<'a> {
     /// $1, $2: the lock id and the caller's owner name.
     pub lock_id: Text<'a>,
@@ -65,31 +64,23 @@ impl Attachments {
 }
 
 impl Params<'_> {
-    /// The eleven parameters of an acquire statement, the one place they are laid out.
-    fn layout<'p>(&'p self, attached: &Attachments) -> [DatumWithOid<'p>; 11] {
-        [
-            self.lock_id.into(),
-            self.owner.into(),
-            self.role.into(),
-            self.ttl.into(),
-            self.now.into(),
-            self.token.into(),
-            self.lock_delay.into(),
-            attached.session.into(),
-            self.permits.into(),
-            self.slot.into(),
-            attached.keepalive.into(),
-        ]
-    }
-
-    /// For a statement that reads (the look, a clearing): no attachments.
-    pub fn datums(&self) -> [DatumWithOid<'_>; 11] {
-        self.layout(&Attachments::NONE)
-    }
-
-    /// For a statement of the store step, which writes the attachments into the lease.
-    pub fn store_datums(&self, attached: &Attachments) -> [DatumWithOid<'_>; 11] {
-        self.layout(attached)
+    /// The eleven arguments of an acquire statement, the one place they are given, in the
+    /// order of `ACQUIRE_PARAMS`. `attached`: the lease's attachments for a statement of
+    /// the store step, which writes them into the lease; `Attachments::NONE` for every
+    /// other (the look, a clearing), which sees them NULL.
+    pub fn args(&self, attached: &Attachments) -> Args<'_> {
+        Args::with_capacity(ACQUIRE_PARAMS.len())
+            .set("lock_id", self.lock_id)
+            .set("owner", self.owner)
+            .set("role", self.role)
+            .set("ttl", self.ttl)
+            .set("now", self.now)
+            .set("token", self.token)
+            .set("lock_delay", self.lock_delay)
+            .set("session_start", attached.session)
+            .set("permits", self.permits)
+            .set("slot", self.slot)
+            .set("keepalive", attached.keepalive)
     }
 
     /// The call's clock in PostgreSQL's microseconds.
@@ -98,18 +89,19 @@ impl Params<'_> {
     }
 }
 
-pub(crate) const ACQUIRE_PARAMS: &[pg_sys::PgBuiltInOids] = &[
-    TEXTOID,
-    TEXTOID,
-    OIDOID,
-    INTERVALOID,
-    TIMESTAMPTZOID,
-    INT8OID,
-    INTERVALOID,
-    TIMESTAMPTZOID,
-    INT4OID,
-    INT4OID,
-    INT8OID,
+/// The parameters of every acquire statement, as each file's header names them.
+pub(crate) const ACQUIRE_PARAMS: &[(&str, pg_sys::PgBuiltInOids)] = &[
+    ("lock_id", TEXTOID),
+    ("owner", TEXTOID),
+    ("role", OIDOID),
+    ("ttl", INTERVALOID),
+    ("now", TIMESTAMPTZOID),
+    ("token", INT8OID),
+    ("lock_delay", INTERVALOID),
+    ("session_start", TIMESTAMPTZOID),
+    ("permits", INT4OID),
+    ("slot", INT4OID),
+    ("keepalive", INT8OID),
 ];
 
 /// A deletion of the dead leases of another kind (or slot) that a grant needs out of its
@@ -142,12 +134,14 @@ pub fn clear_dead(
     params: &Params<'_>,
 ) -> Result<bool, LockError> {
     let cleared = xact::kept_if_found(|| {
-        let datums = params.datums();
-        let all_gone = first_value::<bool>(statement.clear.run(client, &datums)?)? == Some(true);
+        let cleared = statement
+            .clear
+            .run(client, params.args(&Attachments::NONE))?;
+        let all_gone = first_named::<bool>(cleared, "all_gone")? == Some(true);
         let none_left = all_gone
             && statement
                 .left
-                .read_latest(&datums)
+                .read_latest(params.args(&Attachments::NONE))
                 .and_then(|row| row.get::<bool>("left_over"))
                 == Some(false);
         Ok(none_left.then_some(()))
@@ -194,7 +188,7 @@ impl Seen {
 /// kind's `look` statement reads them under the newest snapshot, and the call's clock.
 pub fn look_at(look: &'static Statement, params: &Params<'_>) -> (Vec<Seen>, i64) {
     let leases = look
-        .read_latest_all(&params.datums())
+        .read_latest_all(params.args(&Attachments::NONE))
         .into_iter()
         .filter_map(|row| {
             Some(Seen {
@@ -352,7 +346,7 @@ fn grant_by(
     params: &Params<'_>,
     attached: &Attachments,
 ) -> Result<Option<Granted>, LockError> {
-    xact::kept_if_found(|| grant_row(statement.run(client, &params.store_datums(attached))?))
+    xact::kept_if_found(|| grant_row(statement.run(client, params.args(attached))?))
 }
 
 /// Grants the lease, past the gate and the look: the caller's own live lease is extended
@@ -377,7 +371,7 @@ pub fn take(
         return grant_by(client, &store.take_over, params, attached);
     }
     // ON CONFLICT DO NOTHING locks nothing: no subtransaction is needed for the insert.
-    match grant_row(store.insert.run(client, &params.store_datums(attached))?)? {
+    match grant_row(store.insert.run(client, params.args(attached))?)? {
         Some(grant) => Ok(Some(grant)),
         None => grant_by(client, &store.take_over, params, attached),
     }

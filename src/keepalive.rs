@@ -28,14 +28,14 @@ use crate::backend;
 use crate::caller;
 use crate::commit;
 use crate::error::{self, LockError, OrReport, TtlOf};
-use crate::statements::{first_named, Args, Named};
+use crate::statements::{first_named, Args, Statement};
 use crate::stats::{self, Counter};
 use crate::text::TextBuf;
 use crate::token;
 use crate::wait;
 use crate::xact;
 
-static GRANT: Named = Named {
+static GRANT: Statement = Statement {
     sql: include_str!("../sql/run/keepalive/grant.sql"),
     params: &[
         ("keepalive", INT8OID),
@@ -45,7 +45,7 @@ static GRANT: Named = Named {
     ],
 };
 
-static RENEW: Named = Named {
+static RENEW: Statement = Statement {
     sql: include_str!("../sql/run/keepalive/renew.sql"),
     params: &[
         ("keepalive", INT8OID),
@@ -56,7 +56,7 @@ static RENEW: Named = Named {
 };
 
 // Read under the newest snapshot (`Statement::read_latest`).
-static HELD: Named = Named {
+static HELD: Statement = Statement {
     sql: include_str!("../sql/run/keepalive/held.sql"),
     params: &[
         ("keepalive", INT8OID),
@@ -65,7 +65,7 @@ static HELD: Named = Named {
     ],
 };
 
-static REVOKE: Named = Named {
+static REVOKE: Statement = Statement {
     sql: include_str!("../sql/run/keepalive/revoke.sql"),
     params: &[
         ("keepalive", INT8OID),
@@ -75,7 +75,7 @@ static REVOKE: Named = Named {
     ],
 };
 
-static ATTACH: Named = Named {
+static ATTACH: Statement = Statement {
     sql: include_str!("../sql/run/keepalive/attach.sql"),
     params: &[
         ("keepalive", INT8OID),
@@ -85,17 +85,17 @@ static ATTACH: Named = Named {
 };
 
 // Read under the newest snapshot (`Statement::read_latest`).
-static EXPIRY: Named = Named {
+static EXPIRY: Statement = Statement {
     sql: include_str!("../sql/run/keepalive/expiry.sql"),
     params: &[("keepalive", INT8OID)],
 };
 
-static END: Named = Named {
+static END: Statement = Statement {
     sql: include_str!("../sql/run/keepalive/end.sql"),
     params: &[("keepalive", INT8OID), ("now", TIMESTAMPTZOID)],
 };
 
-static ENDED: Named = Named {
+static ENDED: Statement = Statement {
     sql: include_str!("../sql/run/keepalive/ended.sql"),
     params: &[("keepalive", INT8OID), ("now", TIMESTAMPTZOID)],
 };

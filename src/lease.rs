@@ -22,7 +22,6 @@
 
 use std::time::{Duration, Instant};
 
-use pgrx::datum::DatumWithOid;
 use pgrx::pg_sys::{self, BuiltinOid::*};
 use pgrx::prelude::*;
 use pgrx::spi::{SpiClient, SpiTupleTable};
@@ -36,15 +35,15 @@ use crate::grant::{self, extend_own, look_at, Attempt, Decision, Granted, Params
 use crate::keepalive;
 use crate::kind::{Request, Taken};
 use crate::session;
-use crate::statements::Statement;
+use crate::statements::{Args, Statement};
 use crate::stats::{self, Counter};
 use crate::text::Text;
 use crate::token;
 use crate::wait;
 use crate::xact;
 
-/// The parameters of renew, release and `HELD_BY_CALLER`, by name; `datums` lays them out
-/// as $1..$5 (`HELD_PARAMS`), and a renewal adds the new time to live as $6.
+/// The parameters of renew, release and `HELD_BY_CALLER`, by name (`HELD_PARAMS`); `args`
+/// gives them to a statement, and a renewal adds the new time to live (`RENEW_PARAMS`).
 struct Held<'a> {
     lock_id: Text<'a>,
     owner: Text<'a>,
@@ -57,30 +56,34 @@ struct Held<'a> {
 }
 
 impl Held<'_> {
-    fn datums(&self) -> [DatumWithOid<'_>; 5] {
-        [
-            self.lock_id.into(),
-            self.owner.into(),
-            self.role.into(),
-            self.now.into(),
-            self.token.into(),
-        ]
+    fn args(&self) -> Args<'_> {
+        Args::with_capacity(RENEW_PARAMS.len())
+            .set("lock_id", self.lock_id)
+            .set("owner", self.owner)
+            .set("role", self.role)
+            .set("now", self.now)
+            .set("fence_token", self.token)
     }
 
-    fn datums_with_ttl(&self, ttl: Interval) -> [DatumWithOid<'_>; 6] {
-        let [a, b, c, d, e] = self.datums();
-        [a, b, c, d, e, ttl.into()]
+    fn args_with_ttl(&self, ttl: Interval) -> Args<'_> {
+        self.args().set("ttl", ttl)
     }
 }
 
-const HELD_PARAMS: &[pg_sys::PgBuiltInOids] = &[TEXTOID, TEXTOID, OIDOID, TIMESTAMPTZOID, INT8OID];
-const RENEW_PARAMS: &[pg_sys::PgBuiltInOids] = &[
-    TEXTOID,
-    TEXTOID,
-    OIDOID,
-    TIMESTAMPTZOID,
-    INT8OID,
-    INTERVALOID,
+const HELD_PARAMS: &[(&str, pg_sys::PgBuiltInOids)] = &[
+    ("lock_id", TEXTOID),
+    ("owner", TEXTOID),
+    ("role", OIDOID),
+    ("now", TIMESTAMPTZOID),
+    ("fence_token", INT8OID),
+];
+const RENEW_PARAMS: &[(&str, pg_sys::PgBuiltInOids)] = &[
+    ("lock_id", TEXTOID),
+    ("owner", TEXTOID),
+    ("role", OIDOID),
+    ("now", TIMESTAMPTZOID),
+    ("fence_token", INT8OID),
+    ("ttl", INTERVALOID),
 ];
 
 static RENEW: [Statement; 2] = [
@@ -107,7 +110,12 @@ static RELEASE: [Statement; 2] = [
 
 static NOTIFY: Statement = Statement {
     sql: include_str!("../sql/run/lease/notify.sql"),
-    params: &[TEXTOID, TEXTOID, INT8OID, INT8OID],
+    params: &[
+        ("event", TEXTOID),
+        ("lock_id", TEXTOID),
+        ("fence_token", INT8OID),
+        ("previous_fence_token", INT8OID),
+    ],
 };
 
 /// Takes the lock `lock_id` for `owner` for `ttl`, waiting up to `wait` for it; NULL if
@@ -410,7 +418,7 @@ pub fn renew(
     let renewed = xact::while_briefly_locked(
         || {
             Spi::connect_mut(|client| {
-                first_found(client, &RENEW, &held.datums_with_ttl(ttl), renewed)
+                first_found(client, &RENEW, || held.args_with_ttl(ttl), renewed)
             })
         },
         || still_held(&held),
@@ -451,7 +459,7 @@ pub fn release_valid(
     };
     let only_leases = commit::only_leases_so_far();
     let deleted = xact::while_briefly_locked(
-        || Spi::connect_mut(|client| first_found(client, &RELEASE, &held.datums(), released)),
+        || Spi::connect_mut(|client| first_found(client, &RELEASE, || held.args(), released)),
         || still_held(&held),
     )?;
     commit::relax_if_only_leases(only_leases);
@@ -472,15 +480,16 @@ pub fn release_valid(
 
 /// Runs a renewal's or a release's statements (one per lease table) in order, each kept
 /// only if it found the caller's lease (`xact::kept_if_found`: a refused one keeps no row
-/// locked), until one does; `read` says what it found.
-pub fn first_found<T>(
+/// locked), until one does; each takes the arguments `args` gives; `read` says what it
+/// found.
+pub fn first_found<'a, T>(
     client: &mut SpiClient<'_>,
     statements: &'static [Statement],
-    args: &[DatumWithOid<'_>],
+    args: impl Fn() -> Args<'a>,
     read: impl Fn(SpiTupleTable<'_>) -> Result<Option<T>, LockError>,
 ) -> Result<Option<T>, LockError> {
     for statement in statements {
-        let found = xact::kept_if_found(|| read(statement.run(client, args)?))?;
+        let found = xact::kept_if_found(|| read(statement.run(client, args())?))?;
         if found.is_some() {
             return Ok(found);
         }
@@ -537,7 +546,7 @@ static HELD_BY_CALLER: Statement = Statement {
 fn still_held(held: &Held<'_>) -> bool {
     Spi::connect_mut(|_| {
         HELD_BY_CALLER
-            .read_latest(&held.datums())
+            .read_latest(held.args())
             .and_then(|row| row.get::<bool>("held"))
             == Some(true)
     })
@@ -555,10 +564,12 @@ pub fn notify(
         return Ok(());
     }
     Spi::connect_mut(|client| {
-        NOTIFY.run(
-            client,
-            &[event.into(), lock_id.into(), token.into(), previous.into()],
-        )?;
+        let args = Args::with_capacity(4)
+            .set("event", event)
+            .set("lock_id", lock_id)
+            .set("fence_token", token)
+            .set("previous_fence_token", previous);
+        NOTIFY.run(client, args)?;
         Ok(())
     })
 }

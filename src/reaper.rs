@@ -63,7 +63,7 @@ use crate::catalog;
 use crate::error::{LockError, OrReport};
 use crate::locktable::{self, Tried};
 use crate::settings;
-use crate::statements::{first_named, Args, Named};
+use crate::statements::{first_named, Args, Statement};
 use crate::status::{self, Reporter};
 use crate::text::TextBuf;
 use crate::worker;
@@ -91,8 +91,8 @@ fn free_at(expires_at: TimestampWithTimeZone, lock_delay: Interval) -> Timestamp
 }
 
 // What one batch deletes: expired exclusive leases, expired shared leases and permits.
-static REAP: [Named; 2] = [
-    Named {
+static REAP: [Statement; 2] = [
+    Statement {
         sql: include_str!("../sql/run/reaper/reap_locks.sql"),
         params: &[
             ("limit", INT4OID),
@@ -100,7 +100,7 @@ static REAP: [Named; 2] = [
             ("now", TIMESTAMPTZOID),
         ],
     },
-    Named {
+    Statement {
         sql: include_str!("../sql/run/reaper/reap_shared_leases.sql"),
         params: &[
             ("limit", INT4OID),
@@ -113,13 +113,13 @@ static REAP: [Named; 2] = [
 // And keep-alives (src/keepalive.rs): those expired are ended, then the leases attached
 // to ended ones deleted once free, then the ended ones without leases, in two steps (why
 // two: lock_ended_keepalives.sql).
-static END_KEEPALIVES: Named = Named {
+static END_KEEPALIVES: Statement = Statement {
     sql: include_str!("../sql/run/reaper/end_keepalives.sql"),
     params: &[("limit", INT4OID), ("now", TIMESTAMPTZOID)],
 };
 
-static REAP_ATTACHED: [Named; 2] = [
-    Named {
+static REAP_ATTACHED: [Statement; 2] = [
+    Statement {
         sql: include_str!("../sql/run/reaper/reap_attached_locks.sql"),
         params: &[
             ("limit", INT4OID),
@@ -127,7 +127,7 @@ static REAP_ATTACHED: [Named; 2] = [
             ("now", TIMESTAMPTZOID),
         ],
     },
-    Named {
+    Statement {
         sql: include_str!("../sql/run/reaper/reap_attached_shared_leases.sql"),
         params: &[
             ("limit", INT4OID),
@@ -137,31 +137,31 @@ static REAP_ATTACHED: [Named; 2] = [
     },
 ];
 
-static LOCK_ENDED_KEEPALIVES: Named = Named {
+static LOCK_ENDED_KEEPALIVES: Statement = Statement {
     sql: include_str!("../sql/run/reaper/lock_ended_keepalives.sql"),
     params: &[("limit", INT4OID)],
 };
 
-static PURGE_KEEPALIVES: Named = Named {
+static PURGE_KEEPALIVES: Statement = Statement {
     sql: include_str!("../sql/run/reaper/purge_keepalives.sql"),
     params: &[("keepalives", INT8ARRAYOID)],
 };
 
 // Whether the schema is still the extension owner's.
-static OWN_SCHEMA: Named = Named {
+static OWN_SCHEMA: Statement = Statement {
     sql: include_str!("../sql/run/reaper/own_schema.sql"),
     params: &[],
 };
 
 // And, in a sweep round only, values whose grant is gone that the statement which ended it
 // left behind (src/election.rs), which nobody shows.
-static REAP_VALUES: Named = Named {
+static REAP_VALUES: Statement = Statement {
     sql: include_str!("../sql/run/reaper/reap_values.sql"),
     params: &[("limit", INT4OID)],
 };
 
 // When the database next needs a round, read once a round has reaped.
-static NEXT_DUE: Named = Named {
+static NEXT_DUE: Statement = Statement {
     sql: include_str!("../sql/run/reaper/next_due.sql"),
     params: &[("now", TIMESTAMPTZOID)],
 };
@@ -169,12 +169,12 @@ static NEXT_DUE: Named = Named {
 // And session-bound leases whose session has ended without releasing them, in two steps
 // (why two: lock_ended_sessions.sql): lock the rows that look dead, then delete those of
 // them that still look dead.
-static LOCK_ENDED_SESSIONS: Named = Named {
+static LOCK_ENDED_SESSIONS: Statement = Statement {
     sql: include_str!("../sql/run/reaper/lock_ended_sessions.sql"),
     params: &[("limit", INT4OID)],
 };
 
-static END_LOCKED_SESSIONS: Named = Named {
+static END_LOCKED_SESSIONS: Statement = Statement {
     sql: include_str!("../sql/run/reaper/end_locked_sessions.sql"),
     params: &[
         ("notify", BOOLOID),

@@ -21,11 +21,11 @@ use pgrx::prelude::*;
 use crate::backend;
 use crate::error::LockError;
 use crate::settings;
-use crate::statements::{first_named, Args, Named};
+use crate::statements::{first_named, Args, Statement};
 use crate::text::TextBuf;
 use crate::xact::{self, in_transaction};
 
-static END_MINE: Named = Named {
+static END_MINE: Statement = Statement {
     sql: include_str!("../sql/run/session/end_mine.sql"),
     params: &[
         ("pid", INT4OID),
@@ -34,12 +34,12 @@ static END_MINE: Named = Named {
     ],
 };
 
-static MINE_LEFT: Named = Named {
+static MINE_LEFT: Statement = Statement {
     sql: include_str!("../sql/run/session/mine_left.sql"),
     params: &[("pid", INT4OID), ("started", TIMESTAMPTZOID)],
 };
 
-static EXIT_SETTINGS: Named = Named {
+static EXIT_SETTINGS: Statement = Statement {
     sql: include_str!("../sql/run/session/exit_settings.sql"),
     params: &[],
 };

@@ -23,63 +23,85 @@ use pgrx::FromDatum;
 use crate::explore;
 use crate::text::Jsonb;
 
-/// A statement whose parameters are passed by position (`[Datum; N]`).
+/// A statement lockext runs, the one kind there is: its text (a file of `sql/run/`) and
+/// its parameters by name. `params` names each `$N`, in order, with its type, as the
+/// file's header names it (`-- $1 limit (...), $2 now (...)`; a mismatch is refused when
+/// the statement is first prepared). Callers give `Args` by name and read the columns by
+/// name (`first_named`, `get_by_name`, `LatestRow::get`), never by position.
 pub struct Statement {
-    pub sql: &'static str,
-    pub params: &'static [PgBuiltInOids],
-}
-
-/// A statement whose parameters are passed by name: `params` names each `$N`, in order,
-/// with its type, as the file's header names it (`-- $1 limit (...), $2 now (...)`; a
-/// mismatch is refused when the statement is first prepared). Callers give `Args` by name
-/// and read the columns by name (`first_named`, `get_by_name`).
-pub struct Named {
     pub sql: &'static str,
     pub params: &'static [(&'static str, PgBuiltInOids)],
 }
 
-/// The arguments of a `Named` statement, each by its parameter's name.
+/// The most parameters a statement takes (the acquire's eleven, and room).
+const MAX_PARAMS: usize = 16;
+
+/// The arguments of a `Statement`, each by its parameter's name: the values in one vector
+/// (the one allocation of a call), their names beside them, inline.
 #[derive(Default)]
-pub struct Args<'a>(Vec<(&'static str, DatumWithOid<'a>)>);
+pub struct Args<'a> {
+    names: [&'static str; MAX_PARAMS],
+    values: Vec<DatumWithOid<'a>>,
+}
 
 impl<'a> Args<'a> {
     pub fn new() -> Self {
-        Args(Vec::new())
+        Args::default()
+    }
+
+    /// Room for `n` arguments up front: one allocation for a statement's whole set.
+    pub fn with_capacity(n: usize) -> Self {
+        Args {
+            names: [""; MAX_PARAMS],
+            values: Vec::with_capacity(n),
+        }
     }
 
     /// Gives parameter `name` the value `value`.
     pub fn set(mut self, name: &'static str, value: impl Into<DatumWithOid<'a>>) -> Self {
-        self.0.push((name, value.into()));
+        let at = self.values.len();
+        if at == MAX_PARAMS {
+            pgrx::error!("lockext: more than {MAX_PARAMS} arguments (${name})");
+        }
+        self.names[at] = name;
+        self.values.push(value.into());
         self
     }
 }
 
-impl Named {
-    /// `args` in the order of `params`. Every name is a constant of the calling module,
-    /// so a missing or unknown one is lockext's bug, which the tests that run the
-    /// statement catch: refused with an internal error, never run with a value misplaced.
+impl Statement {
+    /// The values of `args` in the order of `params`, put in place by swapping (nothing
+    /// moves when they were given in that order, as `grant::Params::args` gives the
+    /// acquire's eleven: one comparison of names each). Every name is a constant of the
+    /// calling module, so a missing or unknown one is lockext's bug, which the tests that
+    /// run the statement catch: refused with an internal error, never run with a value
+    /// misplaced.
     fn ordered<'a>(&'static self, args: Args<'a>) -> Vec<DatumWithOid<'a>> {
-        let mut given = args.0;
-        let ordered: Vec<DatumWithOid<'a>> = self
-            .params
-            .iter()
-            .map(
-                |(name, _)| match given.iter().position(|(n, _)| n == name) {
-                    Some(at) => given.swap_remove(at).1,
-                    None => pgrx::error!(
-                        "lockext: no value for ${name} of {}",
-                        explore::statement_name(self.sql)
-                    ),
-                },
-            )
-            .collect();
-        if let Some((name, _)) = given.first() {
+        let Args {
+            mut names,
+            mut values,
+        } = args;
+        let given = values.len();
+        for (at, (name, _)) in self.params.iter().enumerate() {
+            match (at..given).find(|&i| names[i] == *name) {
+                Some(i) => {
+                    names.swap(at, i);
+                    values.swap(at, i);
+                }
+                None => pgrx::error!(
+                    "lockext: no value for ${name} of {}",
+                    explore::statement_name(self.sql)
+                ),
+            }
+        }
+        if given > self.params.len() {
             pgrx::error!(
-                "lockext: {} has no parameter ${name}",
-                explore::statement_name(self.sql)
+                "lockext: {} has no parameter ${}",
+                explore::statement_name(self.sql),
+                names[self.params.len()]
             );
         }
-        ordered
+        values
     }
 
     fn types(&'static self) -> impl Iterator<Item = PgBuiltInOids> {
@@ -112,7 +134,12 @@ impl Named {
         }
     }
 
-    /// As `Statement::run`, with the arguments by name.
+    /// Runs the statement and returns its rows. May write: callers hold a mutable client.
+    ///
+    /// Executed through `select`, not `update`: pgrx's `update` first assigns the
+    /// transaction an id, so that even a lock_acquire that only looked and refused would
+    /// cost a transaction id and a commit record. The plans are prepared as mutating, so
+    /// SPI still runs them read-write; an id is assigned only when a row is written.
     pub fn run<'conn>(
         &'static self,
         client: &mut SpiClient<'conn>,
@@ -127,18 +154,29 @@ impl Named {
         )
     }
 
-    /// As `Statement::read_latest`, with the arguments by name.
+    /// Runs a read-only statement under the newest snapshot, not the statement's or the
+    /// transaction's, and returns its first row. A conflict check must see every lease
+    /// committed before it took its claim (`claims.rs`), even in a REPEATABLE READ
+    /// transaction whose snapshot is older; foreign-key checks read the same way. Needs a
+    /// connected SPI (inside `Spi::connect_mut`).
     pub fn read_latest(&'static self, args: Args<'_>) -> Option<LatestRow> {
+        self.read_latest_rows(args, 1).into_iter().next()
+    }
+
+    /// As `read_latest`, every row.
+    pub fn read_latest_all(&'static self, args: Args<'_>) -> Vec<LatestRow> {
+        self.read_latest_rows(args, 0)
+    }
+
+    fn read_latest_rows(&'static self, args: Args<'_>, limit: i64) -> Vec<LatestRow> {
         let args = self.ordered(args);
         read_rows(
             self.sql,
             || (self.check_header(), self.types()).1,
             &args,
-            1,
+            limit,
             latest_snapshot(),
         )
-        .into_iter()
-        .next()
     }
 }
 
@@ -177,22 +215,6 @@ thread_local! {
     static PLANS: RefCell<HashMap<&'static str, &'static OwnedPreparedStatement>> = RefCell::new(HashMap::new());
 }
 
-impl Statement {
-    /// Runs the statement and returns its rows. May write: callers hold a mutable client.
-    ///
-    /// Executed through `select`, not `update`: pgrx's `update` first assigns the
-    /// transaction an id, so that even a lock_acquire that only looked and refused would
-    /// cost a transaction id and a commit record. The plans are prepared as mutating, so
-    /// SPI still runs them read-write; an id is assigned only when a row is written.
-    pub fn run<'conn>(
-        &'static self,
-        client: &mut SpiClient<'conn>,
-        args: &[DatumWithOid<'_>],
-    ) -> SpiResult<SpiTupleTable<'conn>> {
-        run_kept(self.sql, || self.params.iter().copied(), client, args)
-    }
-}
-
 /// Runs `sql` through its plan kept in this backend, prepared first with the parameter
 /// types `types` gives if there is none yet.
 fn run_kept<'conn, I: Iterator<Item = PgBuiltInOids>>(
@@ -219,16 +241,6 @@ fn run_kept<'conn, I: Iterator<Item = PgBuiltInOids>>(
     rows
 }
 
-/// The first column of the first row, or None when there is no row (or it is NULL).
-pub fn first_value<T: pgrx::IntoDatum + pgrx::FromDatum>(
-    rows: SpiTupleTable<'_>,
-) -> SpiResult<Option<T>> {
-    if rows.is_empty() {
-        return Ok(None);
-    }
-    rows.first().get_one::<T>()
-}
-
 thread_local! {
     // Plans for `read_latest`, which pgrx cannot run with a snapshot of our choosing.
     static RAW_PLANS: RefCell<HashMap<&'static str, usize>> = RefCell::new(HashMap::new());
@@ -246,32 +258,6 @@ impl LatestRow {
         let at = self.names.iter().position(|name| name == column)?;
         let datum = (*self.values.get(at)?)?;
         unsafe { T::from_polymorphic_datum(datum, false, pg_sys::InvalidOid) }
-    }
-}
-
-impl Statement {
-    /// Runs a read-only statement under the newest snapshot, not the statement's or the
-    /// transaction's, and returns its first row. A conflict check must see every lease
-    /// committed before it took its claim (`claims.rs`), even in a REPEATABLE READ
-    /// transaction whose snapshot is older; foreign-key checks read the same way. Needs a
-    /// connected SPI (inside `Spi::connect_mut`).
-    pub fn read_latest(&'static self, args: &[DatumWithOid<'_>]) -> Option<LatestRow> {
-        self.read_latest_rows(args, 1).into_iter().next()
-    }
-
-    /// As `read_latest`, every row.
-    pub fn read_latest_all(&'static self, args: &[DatumWithOid<'_>]) -> Vec<LatestRow> {
-        self.read_latest_rows(args, 0)
-    }
-
-    fn read_latest_rows(&'static self, args: &[DatumWithOid<'_>], limit: i64) -> Vec<LatestRow> {
-        read_rows(
-            self.sql,
-            || self.params.iter().copied(),
-            args,
-            limit,
-            latest_snapshot(),
-        )
     }
 }
 

@@ -701,11 +701,11 @@ mod tests {
         // Tokens no longer depend on boot epochs, so epoch mode is allowed anywhere.
         assert_eq!(sqlstate_of("SET lockext.durability = epoch"), "00000");
     }
-    // Statements with named parameters (statements::Named): each value goes to the
+    // Statements with named parameters (statements::Statement): each value goes to the
     // parameter of its name whatever order it is given in, and a header that does not name
     // the parameters as `params` does, or a value for no parameter, is refused before the
     // statement runs.
-    static JOIN: crate::statements::Named = crate::statements::Named {
+    static JOIN: crate::statements::Statement = crate::statements::Statement {
         sql: "-- Joins a word and a number.\n-- $1 number, $2 word\nSELECT $2 || ':' || $1::text AS joined",
         params: &[
             ("number", pg_sys::BuiltinOid::INT4OID),
@@ -724,7 +724,26 @@ mod tests {
         assert_eq!(joined.as_deref(), Some("x:7"));
     }
 
-    static MISNAMED: crate::statements::Named = crate::statements::Named {
+    #[pg_test]
+    fn named_parameters_given_in_order_bind_the_same() {
+        use crate::statements::{first_named, Args};
+        let joined = Spi::connect_mut(|client| {
+            let args = Args::with_capacity(2).set("number", 7).set("word", "x");
+            first_named::<String>(JOIN.run(client, args)?, "joined")
+        })
+        .expect("run");
+        assert_eq!(joined.as_deref(), Some("x:7"));
+    }
+
+    // As many values as parameters, one of them misnamed: refused, not bound by position.
+    #[pg_test(error = "lockext: no value for $word of Joins a word and a number.")]
+    fn a_misnamed_value_in_place_is_refused() {
+        use crate::statements::Args;
+        let args = Args::new().set("number", 7).set("letter", "x");
+        let _ = Spi::connect_mut(|client| JOIN.run(client, args).map(|rows| rows.len()));
+    }
+
+    static MISNAMED: crate::statements::Statement = crate::statements::Statement {
         sql: "-- A header that names its parameter otherwise.\n-- $1 other\nSELECT $1::int AS n",
         params: &[("number", pg_sys::BuiltinOid::INT4OID)],
     };

@@ -53,7 +53,7 @@ use crate::catalog;
 use crate::error::LockError;
 use crate::ledger::{self, State};
 use crate::settings;
-use crate::statements::Statement;
+use crate::statements::{Args, Statement};
 
 pub use crate::ledger::Layout;
 
@@ -85,7 +85,13 @@ static READ_ROW_0_2: Statement = Statement {
 
 static WRITE_ROW: Statement = Statement {
     sql: include_str!("../sql/run/token/write_row.sql"),
-    params: &[INT4OID, INT2OID, INT8OID, INT4OID, OIDOID],
+    params: &[
+        ("epoch", INT4OID),
+        ("layout", INT2OID),
+        ("system_identifier", INT8OID),
+        ("timeline", INT4OID),
+        ("database", OIDOID),
+    ],
 };
 
 /// The highest token in each table of lockext's that holds tokens (a table an older version
@@ -147,7 +153,7 @@ fn read_row(epoch_table: pg_sys::Oid) -> Option<Row> {
         (true, false) => &READ_ROW_0_3,
         (false, _) => &READ_ROW_0_2,
     };
-    let row = statement.read_latest(&[])?;
+    let row = statement.read_latest(Args::new())?;
     let xmin = row.get::<i64>("xmin").unwrap_or(0) as u32;
     let era = row.get::<i64>("epoch").unwrap_or(0);
     // A row of 0.1.0 or 0.2.0 (its `boot` set) is of 0.2.0's layout, whatever a restore put
@@ -170,7 +176,7 @@ fn read_evidence(epoch_table: pg_sys::Oid) -> Evidence {
     let highest_kept = HIGHEST_KEPT
         .iter()
         .filter(|(table, _)| catalog::lockext_relation(table).is_some())
-        .filter_map(|(_, statement)| statement.read_latest(&[])?.get::<i64>("highest"))
+        .filter_map(|(_, statement)| statement.read_latest(Args::new())?.get::<i64>("highest"))
         .max();
     Evidence {
         row: read_row(epoch_table),
@@ -326,16 +332,13 @@ fn record_row(
     }
     if crate::claims::try_claim_alone(EPOCH_CLAIM) {
         let era = i32::try_from(era).map_err(|_| LockError::TokensExhausted { what: "era" })?;
-        WRITE_ROW.run(
-            client,
-            &[
-                era.into(),
-                i16::from(layout.code()).into(),
-                (backend::system_identifier() as i64).into(),
-                (backend::wal_timeline() as i32).into(),
-                backend::database().into(),
-            ],
-        )?;
+        let args = Args::with_capacity(5)
+            .set("epoch", era)
+            .set("layout", i16::from(layout.code()))
+            .set("system_identifier", backend::system_identifier() as i64)
+            .set("timeline", backend::wal_timeline() as i32)
+            .set("database", backend::database());
+        WRITE_ROW.run(client, args)?;
     }
     Ok(())
 }
@@ -446,7 +449,7 @@ fn issued_by_older_libraries() -> i64 {
     };
     let evidence = read_evidence(epoch_table);
     let last = SEQUENCE_LAST
-        .read_latest(&[])
+        .read_latest(Args::new())
         .and_then(|row| row.get::<i64>("last"))
         .unwrap_or(0);
     let from_row = evidence

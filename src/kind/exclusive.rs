@@ -123,7 +123,7 @@ impl LeaseKind for Exclusive {
         if backend::snapshot_per_transaction() {
             return Ok(None);
         }
-        let rows = token::minting_in(|| INSERT_FREE.run(client, &params.store_datums(attached)))?;
+        let rows = token::minting_in(|| INSERT_FREE.run(client, params.args(attached)))?;
         grant_row(rows)
     }
 

@@ -13,7 +13,9 @@ use super::{LeaseKind, Request, Taken};
 use crate::backend;
 use crate::claims;
 use crate::error::LockError;
-use crate::grant::{millis, ClearDead, Decision, Params, Seen, Store, ACQUIRE_PARAMS, LOOK};
+use crate::grant::{
+    millis, Attachments, ClearDead, Decision, Params, Seen, Store, ACQUIRE_PARAMS, LOOK,
+};
 use crate::statements::Statement;
 use crate::text::Text;
 
@@ -135,7 +137,7 @@ fn claim_free_slot(
     params: &mut Params<'_>,
 ) -> Result<Option<i32>, LockError> {
     let taken: HashSet<i32> = SLOTS_TAKEN
-        .read_latest_all(&params.datums())
+        .read_latest_all(params.args(&Attachments::NONE))
         .iter()
         .filter_map(|row| row.get::<i32>("slot"))
         .collect();
@@ -150,7 +152,7 @@ fn claim_free_slot(
         // since the first look had held this claim until its commit.
         params.slot = Some(slot);
         if SLOT_TAKEN
-            .read_latest(&params.datums())
+            .read_latest(params.args(&Attachments::NONE))
             .and_then(|row| row.get::<bool>("taken"))
             == Some(false)
         {

@@ -1,7 +1,7 @@
 -- Before an exclusive grant: every dead shared lease and permit of the lock id.
 -- Dead leases are deleted before a grant that needs them dead, skipping any row that
 -- someone holds locked: a renewal that got there first (it locks the row it extends). The
--- answer is whether every such row the statement's snapshot shows is gone, dead or not;
+-- answer (all_gone) is whether every such row the statement's snapshot shows is gone, dead or not;
 -- if not, the grant is refused as if the lease were live. Every row, not only the dead
 -- ones: the look found them all dead, and one that is live now was renewed by a renewal
 -- that committed since (a lease's own, or its keep-alive's), which must win. So a renewal and a conflicting grant can
@@ -42,4 +42,4 @@ WITH dead AS (SELECT lock_id, owner
 SELECT (SELECT count(*) FROM gone) =
        (SELECT count(*)
           FROM lockext.shared_leases
-         WHERE lock_id = $1)
+         WHERE lock_id = $1) AS all_gone
