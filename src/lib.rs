@@ -16,6 +16,7 @@ mod events;
 mod explore;
 mod fence;
 mod grant;
+mod guc;
 mod keepalive;
 mod kind;
 mod lease;
