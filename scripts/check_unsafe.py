@@ -25,11 +25,9 @@ ALLOWED = {
     "xact.rs": "transactions and subtransactions begun and ended by hand",
     "worker.rs": "background workers: start, stop, signals, settings, pgstat",
     "guc.rs": "settings with hooks (pgrx's define_*_with_hooks), the reserved prefix",
+    "shmem.rs": "lockext's shared memory: tables under LWLocks (hooks, ShmemInitStruct), named atomics",
     # Owners of shared memory, hooks and entry points: unsafe inside, safe outside.
-    "claims.rs": "the bulk-load count in shared memory (PgAtomic::new)",
     "stats.rs": "the counters in shared memory (PgAtomic::new, PGRXSharedMemory)",
-    "wait.rs": "the wait queue in shared memory (shmem hooks, LWLock, raw slots)",
-    "status.rs": "the status board in shared memory (shmem hooks)",
     "ledger.rs": "the token ledger: shared memory, custom WAL resource manager, redo",
     "fence.rs": "the fence_guard trigger's C entry points (fcinfo, trigger data)",
     # Not yet behind a wrapper (issue 31, item 3: what is left).

@@ -27,6 +27,7 @@ mod reaper;
 mod session;
 mod sets;
 mod settings;
+mod shmem;
 mod statements;
 mod stats;
 mod status;
