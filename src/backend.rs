@@ -1,6 +1,7 @@
 //! This backend and its server, as PostgreSQL's globals describe them, read in one place:
 //! its process, its database, its start, its role, its transaction, its latch and client,
-//! the server's identity, timeline, data directory and limits, and the server's clock. Everything else asks here
+//! the server's identity, timeline, data directory and limits, and the server's clock; and
+//! the hooks it runs our code from (at exit, when an extension is dropped). Everything else asks here
 //! instead of reading `pg_sys` globals itself.
 //!
 //! Why reading them is sound, once for all: every global read here is a plain value
@@ -288,6 +289,46 @@ pub fn set_latch_of(procno: usize) {
         if procno < procs.allProcCount as usize {
             let proc_ = procs.allProcs.add(procno);
             pg_sys::SetLatch(&raw mut (*proc_).procLatch);
+        }
+    }
+}
+
+static mut PREV_OBJECT_ACCESS: pg_sys::object_access_hook_type = None;
+static ON_EXTENSION_DROP: std::sync::OnceLock<fn()> = std::sync::OnceLock::new();
+
+/// Runs `hook` in the dropping transaction whenever an extension is dropped on this server
+/// (`DROP EXTENSION`, and `DROP SCHEMA ... CASCADE` or `DROP OWNED` that take one with
+/// them), through PostgreSQL's object access hook. Call once, at preload. Sound: the
+/// previous hook is kept and called first, with the arguments as given; the hook is
+/// `#[pg_guard]`, and reads nothing through its pointer argument.
+pub fn on_extension_drop(hook: fn()) {
+    if ON_EXTENSION_DROP.set(hook).is_err() {
+        return;
+    }
+    unsafe {
+        PREV_OBJECT_ACCESS = pg_sys::object_access_hook;
+        pg_sys::object_access_hook = Some(object_access);
+    }
+}
+
+#[pg_guard]
+extern "C-unwind" fn object_access(
+    access: pg_sys::ObjectAccessType::Type,
+    class_id: pg_sys::Oid,
+    object_id: pg_sys::Oid,
+    sub_id: std::ffi::c_int,
+    arg: *mut std::ffi::c_void,
+) {
+    unsafe {
+        if let Some(prev) = PREV_OBJECT_ACCESS {
+            pg_sys::submodules::ffi::pg_guard_ffi_boundary(|| {
+                prev(access, class_id, object_id, sub_id, arg)
+            });
+        }
+    }
+    if access == pg_sys::ObjectAccessType::OAT_DROP && class_id == pg_sys::ExtensionRelationId {
+        if let Some(hook) = ON_EXTENSION_DROP.get() {
+            hook();
         }
     }
 }

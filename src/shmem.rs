@@ -300,9 +300,13 @@ impl<H, R, D> Drop for Held<H, R, D> {
 }
 
 /// A table under its lock, shared: its parts may be read.
-pub struct Read<H, R, D>(Held<H, R, D>);
+pub struct Read<H, R, D = ()>(Held<H, R, D>);
 
 impl<H: Plain, R: Plain, D: Plain> Read<H, R, D> {
+    pub fn header(&self) -> &H {
+        unsafe { &*self.0.parts().0 }
+    }
+
     pub fn rows(&self) -> &[R] {
         unsafe { std::slice::from_raw_parts(self.0.parts().1, self.0.n) }
     }
@@ -313,9 +317,13 @@ impl<H: Plain, R: Plain, D: Plain> Read<H, R, D> {
 }
 
 /// A table under its lock, exclusive: its parts may be written.
-pub struct Write<H, R, D>(Held<H, R, D>);
+pub struct Write<H, R, D = ()>(Held<H, R, D>);
 
 impl<H: Plain, R: Plain, D: Plain> Write<H, R, D> {
+    pub fn header(&mut self) -> &mut H {
+        self.parts().0
+    }
+
     /// The header, the rows and the details, to read and write.
     pub fn parts(&mut self) -> (&mut H, &mut [R], &mut [D]) {
         let (header, rows, details) = self.0.parts();
