@@ -3,7 +3,9 @@
 # wrong, and must exit 1 naming it (`make lint` runs this after the checkers themselves).
 #   - check_imports.py: a wrong row of ARCHITECTURE.md's table, a module of src/ it leaves
 #     out (a new folder module), and a file left out of the module map;
-#   - check_links.py: a link to a file that does not exist, and to a heading that does not.
+#   - check_links.py: a link to a file that does not exist, and to a heading that does not;
+#   - check_unsafe.py: `unsafe` in a file it does not list (one that wraps nothing), and a
+#     listed file with no `unsafe` left.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 WORK=$(mktemp -d)
@@ -50,3 +52,13 @@ fresh
 echo '[gone](docs/sql-reference.md#no-such-heading)' >>"$WORK/repo/README.md"
 expect_failure "a link to no heading" "no heading with anchor #no-such-heading" \
     python3 "$WORK/repo/scripts/check_links.py" "$WORK/repo/README.md"
+
+fresh
+python3 "$WORK/repo/scripts/check_unsafe.py" >/dev/null || fail "check_unsafe.py fails on the repository as it is"
+echo 'pub fn raw() -> i32 { unsafe { pgrx::pg_sys::MyProcPid } }' >>"$WORK/repo/src/wait.rs"
+expect_failure "unsafe outside the wrappers" "src/wait.rs:" python3 "$WORK/repo/scripts/check_unsafe.py"
+
+fresh
+sed -i 's/unsafe/UNSAFE/g' "$WORK/repo/src/guc.rs"
+expect_failure "a listed file with no unsafe left" "listed but free of unsafe (remove from scripts/check_unsafe.py): guc.rs" \
+    python3 "$WORK/repo/scripts/check_unsafe.py"

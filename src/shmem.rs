@@ -343,3 +343,21 @@ impl<H: Plain, R: Plain, D: Plain> Write<H, R, D> {
 pub fn release_all_locks() {
     unsafe { pg_sys::LWLockReleaseAll() };
 }
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pgrx::pg_schema]
+mod tests {
+    use pgrx::prelude::*;
+
+    use super::Table;
+
+    #[pg_test]
+    fn a_table_lays_its_rows_and_details_out_aligned_after_its_header() {
+        // A 1-byte header: the 8-byte rows start at 8, the 2-byte details right after them.
+        assert_eq!(Table::<u8, u64, u16>::layout(3), (8, 32, 38));
+        // No rows: the header alone.
+        assert_eq!(Table::<[u64; 4], (), ()>::layout(0), (32, 32, 32));
+        // A 16-byte header and 4-byte rows: the details (8-byte) rounded up after the rows.
+        assert_eq!(Table::<[u64; 2], u32, u64>::layout(3), (16, 32, 56));
+    }
+}
