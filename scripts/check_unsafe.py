@@ -16,25 +16,20 @@ SRC = pathlib.Path(__file__).resolve().parent.parent / "src"
 
 ALLOWED = {
     # Wrappers: what PostgreSQL offers, made safe once.
-    "backend.rs": "this backend's and server's globals, and the clock",
+    "backend.rs": "this backend's and server's globals, the clock, latches, exit and drop hooks",
     "catalog.rs": "catalog lookups by name (schema, roles, privileges, names), pg_database",
     "locktable.rs": "the heavyweight lock table (LockAcquire, LockRelease)",
     "pgversion.rs": "what differs between major versions, raw by nature",
     "text.rs": "text and jsonb datums: pgrx's datum traits are unsafe to implement",
     "statements.rs": "SPI: plans kept per backend, runs under a chosen snapshot",
     "xact.rs": "transactions and subtransactions begun and ended by hand",
-    "worker.rs": "background workers: start, stop, signals, settings, pgstat",
+    "worker.rs": "background workers: start, stop, signals, settings, pgstat, entry points",
+    "guc.rs": "settings with hooks (pgrx's define_*_with_hooks), the reserved prefix",
+    "shmem.rs": "lockext's shared memory: tables under LWLocks (hooks, ShmemInitStruct), named atomics",
     # Owners of shared memory, hooks and entry points: unsafe inside, safe outside.
-    "claims.rs": "the bulk-load count in shared memory (PgAtomic::new)",
     "stats.rs": "the counters in shared memory (PgAtomic::new, PGRXSharedMemory)",
-    "wait.rs": "the wait queue in shared memory (shmem hooks, LWLock, raw slots)",
-    "status.rs": "the status board in shared memory (shmem hooks)",
     "ledger.rs": "the token ledger: shared memory, custom WAL resource manager, redo",
     "fence.rs": "the fence_guard trigger's C entry points (fcinfo, trigger data)",
-    # Not yet behind a wrapper (issue 31, item 3: what is left).
-    "reaper.rs": "the handoff slots in shared memory (PgLwLock::new), the launcher's exit hook, the object access hook",
-    "settings.rs": "GUC registration",
-    "explore.rs": "the explorer's GUC hooks; below backend.rs, which calls it",
     # The commit machinery a grant's commit policy drives.
     "commit.rs": "commit policy: XactLastRecEnd, synchronous_commit, XLogFlush",
     "grant.rs": "a heap tuple built from datums (the lock_grant a caller gets)",

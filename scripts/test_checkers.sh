@@ -4,7 +4,9 @@
 #   - check_imports.py: a wrong row of ARCHITECTURE.md's table, a module of src/ it leaves
 #     out (a new folder module), and a file left out of the module map;
 #   - check_links.py: a link to a file that does not exist, and to a heading that does not;
-#   - check_statements.py: a column read by position, and a header that leaves a `$N` out.
+#   - check_statements.py: a column read by position, and a header that leaves a `$N` out;
+#   - check_unsafe.py: `unsafe` in a file it does not list (one that wraps nothing), and a
+#     listed file with no `unsafe` left.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 WORK=$(mktemp -d)
@@ -61,3 +63,13 @@ fresh
 sed -i 's/^-- \$1 event, \$2 lock_id,/-- $1 event, lock_id,/' "$WORK/repo/sql/run/lease/notify.sql"
 expect_failure "a header that leaves a parameter out" "notify.sql: the header does not name \$2" \
     python3 "$WORK/repo/scripts/check_statements.py"
+
+fresh
+python3 "$WORK/repo/scripts/check_unsafe.py" >/dev/null || fail "check_unsafe.py fails on the repository as it is"
+echo 'pub fn raw() -> i32 { unsafe { pgrx::pg_sys::MyProcPid } }' >>"$WORK/repo/src/wait.rs"
+expect_failure "unsafe outside the wrappers" "src/wait.rs:" python3 "$WORK/repo/scripts/check_unsafe.py"
+
+fresh
+sed -i 's/unsafe/UNSAFE/g' "$WORK/repo/src/guc.rs"
+expect_failure "a listed file with no unsafe left" "listed but free of unsafe (remove from scripts/check_unsafe.py): guc.rs" \
+    python3 "$WORK/repo/scripts/check_unsafe.py"

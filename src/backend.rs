@@ -1,6 +1,7 @@
 //! This backend and its server, as PostgreSQL's globals describe them, read in one place:
-//! its process, its database, its start, its role, its transaction, the server's identity,
-//! timeline, data directory and limits, and the server's clock. Everything else asks here
+//! its process, its database, its start, its role, its transaction, its latch and client,
+//! the server's identity, timeline, data directory and limits, and the server's clock; and
+//! the hooks it runs our code from (at exit, when an extension is dropped). Everything else asks here
 //! instead of reading `pg_sys` globals itself.
 //!
 //! Why reading them is sound, once for all: every global read here is a plain value
@@ -245,4 +246,89 @@ pub fn nap_at_exit(ms: i64) -> bool {
 /// Sleeps `micros` microseconds (interrupts are the caller's to check).
 pub fn sleep_us(micros: i64) {
     unsafe { pg_sys::pg_usleep(micros as _) };
+}
+
+/// Sleeps on this backend's latch for at most `ms` milliseconds (less when it is set), seen
+/// as an `Extension` wait in pg_stat_activity; ends the process if the postmaster dies.
+/// Interrupts are the caller's to check. Sound: `MyLatch` is this process's own latch.
+pub fn nap_on_latch(ms: i64) {
+    let events = (pg_sys::WL_LATCH_SET | pg_sys::WL_TIMEOUT | pg_sys::WL_EXIT_ON_PM_DEATH) as i32;
+    unsafe {
+        pg_sys::WaitLatch(pg_sys::MyLatch, events, ms, pg_sys::PG_WAIT_EXTENSION);
+        pg_sys::ResetLatch(pg_sys::MyLatch);
+    }
+}
+
+// libpq/libpq.h, which pgrx does not bind: whether the client's socket is still open.
+unsafe extern "C-unwind" {
+    fn pq_check_connection() -> bool;
+}
+
+/// When this backend's client is gone, ends the session as PostgreSQL does when
+/// client_connection_check_interval finds the client gone: FATAL "connection to client
+/// lost" at the next CHECK_FOR_INTERRUPTS. Sound: `MyProcPort` is this process's own
+/// (null in a background worker, which has no client); the flags are this process's.
+pub fn end_if_client_gone() {
+    unsafe {
+        if !pg_sys::MyProcPort.is_null()
+            && !pg_sys::ffi::pg_guard_ffi_boundary(|| pq_check_connection())
+        {
+            pg_sys::ClientConnectionLost = 1;
+            pg_sys::InterruptPending = 1;
+        }
+    }
+}
+
+/// Sets the latch of the backend whose `pgprocno` is `procno` (a backend's place in the
+/// server's process array), if there is one. Sound: the entry is looked up within
+/// `allProcs`, which lives in shared memory as long as the server, and `SetLatch` may be
+/// called on any process's latch.
+pub fn set_latch_of(procno: usize) {
+    unsafe {
+        let procs = &*pg_sys::ProcGlobal;
+        if procno < procs.allProcCount as usize {
+            let proc_ = procs.allProcs.add(procno);
+            pg_sys::SetLatch(&raw mut (*proc_).procLatch);
+        }
+    }
+}
+
+static mut PREV_OBJECT_ACCESS: pg_sys::object_access_hook_type = None;
+static ON_EXTENSION_DROP: std::sync::OnceLock<fn()> = std::sync::OnceLock::new();
+
+/// Runs `hook` in the dropping transaction whenever an extension is dropped on this server
+/// (`DROP EXTENSION`, and `DROP SCHEMA ... CASCADE` or `DROP OWNED` that take one with
+/// them), through PostgreSQL's object access hook. Call once, at preload. Sound: the
+/// previous hook is kept and called first, with the arguments as given; the hook is
+/// `#[pg_guard]`, and reads nothing through its pointer argument.
+pub fn on_extension_drop(hook: fn()) {
+    if ON_EXTENSION_DROP.set(hook).is_err() {
+        return;
+    }
+    unsafe {
+        PREV_OBJECT_ACCESS = pg_sys::object_access_hook;
+        pg_sys::object_access_hook = Some(object_access);
+    }
+}
+
+#[pg_guard]
+extern "C-unwind" fn object_access(
+    access: pg_sys::ObjectAccessType::Type,
+    class_id: pg_sys::Oid,
+    object_id: pg_sys::Oid,
+    sub_id: std::ffi::c_int,
+    arg: *mut std::ffi::c_void,
+) {
+    unsafe {
+        if let Some(prev) = PREV_OBJECT_ACCESS {
+            pg_sys::submodules::ffi::pg_guard_ffi_boundary(|| {
+                prev(access, class_id, object_id, sub_id, arg)
+            });
+        }
+    }
+    if access == pg_sys::ObjectAccessType::OAT_DROP && class_id == pg_sys::ExtensionRelationId {
+        if let Some(hook) = ON_EXTENSION_DROP.get() {
+            hook();
+        }
+    }
 }

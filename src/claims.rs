@@ -24,10 +24,10 @@
 
 use std::cell::{Cell, RefCell};
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::Ordering;
 
 use pgrx::{
-    pg_guard, pg_shmem_init, pg_sys, register_subxact_callback, register_xact_callback, PgAtomic,
+    pg_guard, pg_shmem_init, pg_sys, register_subxact_callback, register_xact_callback,
     PgSubXactCallbackEvent, PgXactCallbackEvent,
 };
 
@@ -36,6 +36,7 @@ use crate::caller;
 use crate::error::LockError;
 use crate::locktable::{self, Tried};
 use crate::settings;
+use crate::shmem::BULK_LOADS;
 use crate::text::Text;
 
 /// Lockext's claims among advisory locks in `pg_locks` (objsubid 19531 "LK", 19535 "LO",
@@ -197,15 +198,14 @@ pub fn try_claim_slot(lock_id: Text<'_>, slot: i32) -> Result<Option<SlotClaim>,
     }
 }
 
-/// How many transactions may hold the database-wide claim (in any database) right now:
+/// Asks for `BULK_LOADS` (declared in `shmem.rs` with lockext's other shared memory):
+/// how many transactions may hold the database-wide claim (in any database) right now:
 /// raised by one before it first takes the claim, lowered when it ends (never when it is
 /// prepared: a prepared transaction keeps its locks, so the flag stays up for good, which
 /// only costs every acquire one more test; and since a prepared one outlives a restart,
 /// which this count does not, a server that allows prepared transactions always tests). While it is zero, no acquire needs to test the
 /// claim, so the common acquire does not touch that one lock of the server's lock table
 /// that every acquire in the database would otherwise share.
-static BULK_LOADS: PgAtomic<AtomicU32> = unsafe { PgAtomic::new(c"lockext_bulk_loads") };
-
 pub fn init_shared_memory() {
     pg_shmem_init!(BULK_LOADS);
 }

@@ -18,11 +18,11 @@
 //! build.
 
 use std::cell::Cell;
-use std::ffi::c_void;
 
-use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
-use pgrx::{pg_guard, pg_sys};
+use pgrx::guc::{GucContext, GucFlags, GucSetting};
+use pgrx::pg_sys;
 
+use crate::guc;
 use crate::locktable;
 
 static PAUSE_AT: GucSetting<i32> = GucSetting::<i32>::new(0);
@@ -36,43 +36,34 @@ thread_local! {
 }
 
 pub fn define_settings() {
-    unsafe {
-        GucRegistry::define_int_guc_with_hooks(
-            c"lockext.explore_pause_at",
-            c"For the schedule explorer: stop at this pause point (0: never).",
-            c"The backend waits at its n-th pause point, counted from when this is set, \
-              until the holder of pg_advisory_lock(19536, 1) lets it go.",
-            &PAUSE_AT,
-            0,
-            i32::MAX,
-            GucContext::Suset,
-            GucFlags::default(),
-            None,
-            Some(restart_count_int),
-            None,
-        );
-        GucRegistry::define_bool_guc_with_hooks(
-            c"lockext.explore_trace",
-            c"For the schedule explorer: name each pause point in a NOTICE.",
-            c"Counted from when this is set.",
-            &TRACE,
-            GucContext::Suset,
-            GucFlags::default(),
-            None,
-            Some(restart_count_bool),
-            None,
-        );
+    guc::define_int_on_assign::<RestartCount>(
+        c"lockext.explore_pause_at",
+        c"For the schedule explorer: stop at this pause point (0: never).",
+        c"The backend waits at its n-th pause point, counted from when this is set, \
+          until the holder of pg_advisory_lock(19536, 1) lets it go.",
+        &PAUSE_AT,
+        0,
+        i32::MAX,
+        GucContext::Suset,
+        GucFlags::default(),
+    );
+    guc::define_bool_on_assign::<RestartCount>(
+        c"lockext.explore_trace",
+        c"For the schedule explorer: name each pause point in a NOTICE.",
+        c"Counted from when this is set.",
+        &TRACE,
+        GucContext::Suset,
+        GucFlags::default(),
+    );
+}
+
+/// Setting either setting counts the points again from 1.
+struct RestartCount;
+
+impl guc::OnAssign for RestartCount {
+    fn assigned() {
+        PASSED.with(|p| p.set(0));
     }
-}
-
-#[pg_guard]
-unsafe extern "C-unwind" fn restart_count_int(_new: i32, _extra: *mut c_void) {
-    PASSED.with(|p| p.set(0));
-}
-
-#[pg_guard]
-unsafe extern "C-unwind" fn restart_count_bool(_new: bool, _extra: *mut c_void) {
-    PASSED.with(|p| p.set(0));
 }
 
 /// A pause point: `what` says where it is ("before <statement>").
@@ -101,17 +92,8 @@ pub fn point(what: impl FnOnce() -> String) {
 /// detection like any other.
 fn wait_to_go_on() {
     // Only inside a transaction of a database (never in the reaper's launcher).
-    let database = unsafe { pg_sys::MyDatabaseId };
-    if !unsafe { pg_sys::IsTransactionState() } || database == pg_sys::InvalidOid {
+    let Some(tag) = locktable::advisory_tag_here(KEY, 2) else {
         return;
-    }
-    let tag = pg_sys::LOCKTAG {
-        locktag_field1: database.to_u32(),
-        locktag_field2: KEY.0,
-        locktag_field3: KEY.1,
-        locktag_field4: 2,
-        locktag_type: pg_sys::LockTagType::LOCKTAG_ADVISORY as u8,
-        locktag_lockmethodid: pg_sys::USER_LOCKMETHOD as u8,
     };
     locktable::lock(&tag, pg_sys::ShareLock as pg_sys::LOCKMODE);
     locktable::unlock(&tag, pg_sys::ShareLock as pg_sys::LOCKMODE);

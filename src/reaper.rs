@@ -45,17 +45,15 @@
 //! so a hot standby runs none; after promotion the postmaster starts it. Both kinds of
 //! process reload settings on SIGHUP and leave on SIGTERM or when the postmaster dies.
 
-use std::cell::Cell;
+use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use pgrx::bgworkers::{
     BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTime, SignalWakeFlags,
 };
-use pgrx::lwlock::PgLwLock;
 use pgrx::pg_sys::BuiltinOid::*;
 use pgrx::prelude::*;
-use pgrx::{pg_shmem_init, PGRXSharedMemory};
 
 use crate::backend;
 use crate::caller::{self, Needs};
@@ -63,6 +61,7 @@ use crate::catalog;
 use crate::error::{LockError, OrReport};
 use crate::locktable::{self, Tried};
 use crate::settings;
+use crate::shmem::{self, Table};
 use crate::statements::{first_named, Args, Statement};
 use crate::status::{self, Reporter};
 use crate::text::TextBuf;
@@ -227,13 +226,36 @@ struct Handoffs {
     slots: [Handoff; MAX_ROUNDS],
 }
 
-// Plain old data with no pointers: safe to place in shared memory.
-unsafe impl PGRXSharedMemory for Handoffs {}
+shmem::plain!(Handoff {
+    database,
+    owner,
+    named,
+    sweep,
+    outcome,
+    detail_len,
+    detail,
+});
+shmem::plain!(Handoffs { slots });
 
-static HANDOFFS: PgLwLock<Handoffs> = unsafe { PgLwLock::new(c"lockext_reaper_rounds") };
+/// The hand-offs: a header and no rows.
+static HANDOFFS: Table<Handoffs, ()> = Table::new(
+    c"lockext_reaper_rounds",
+    || 0,
+    |_| Handoffs::default(),
+    (),
+    (),
+);
 
 pub fn init_shared_memory() {
-    pg_shmem_init!(HANDOFFS);
+    HANDOFFS.request();
+}
+
+/// The hand-offs under their lock, exclusive. The launcher and its rounds run only where
+/// lockext is preloaded, so they are in shared memory.
+fn handoffs() -> shmem::Write<Handoffs, ()> {
+    HANDOFFS
+        .write()
+        .expect("the reaper's hand-offs are in shared memory")
 }
 
 /// How a round ended.
@@ -310,17 +332,16 @@ fn pin_search_path() {
     worker::override_setting(c"search_path", c"pg_catalog, pg_temp");
 }
 
-#[pg_guard]
-#[unsafe(no_mangle)]
-pub extern "C-unwind" fn lockext_launcher_main(_arg: pg_sys::Datum) {
+worker::entry_point!(lockext_launcher_main => launcher_main);
+
+fn launcher_main(_arg: pg_sys::Datum) {
     attach_signal_handlers();
     // No database: the launcher reads only pg_database, a shared catalog.
     BackgroundWorker::connect_worker_to_spi(None, None);
     pin_search_path();
     let mut launcher = Launcher::new();
-    LAUNCHER.set(&mut launcher);
-    let forget = ForgetLauncher;
-    unsafe { pg_sys::before_shmem_exit(Some(stop_rounds_at_exit), pg_sys::Datum::from(0)) };
+    let forget = ForgetRounds;
+    backend::at_exit(stop_rounds_at_exit);
     loop {
         launcher.tick();
         // Woken early by a reload, or by the postmaster when a round starts or stops
@@ -333,34 +354,42 @@ pub extern "C-unwind" fn lockext_launcher_main(_arg: pg_sys::Datum) {
             launcher.reloaded();
         }
     }
-    drop(forget);
     launcher.stop_all();
-}
-
-/// Clears `LAUNCHER` when the launcher's state goes (dropped after it unwinds from a panic).
-struct ForgetLauncher;
-
-impl Drop for ForgetLauncher {
-    fn drop(&mut self) {
-        LAUNCHER.set(std::ptr::null_mut());
-    }
+    drop(forget);
 }
 
 thread_local! {
-    // The launcher's state while its loop runs, for `stop_rounds_at_exit`.
-    static LAUNCHER: Cell<*mut Launcher> = const { Cell::new(std::ptr::null_mut()) };
+    // The launcher's running rounds: kept here, not in the launcher's frame, so that its
+    // exit hook (`stop_rounds_at_exit`) finds them. Borrowed only for a moment, never
+    // across anything that can end the process.
+    static ROUNDS: RefCell<Vec<Round>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Forgets the running rounds without stopping them when the launcher's loop unwinds from
+/// a panic (its exit hook then has none to stop); after a clean stop there are none.
+struct ForgetRounds;
+
+impl Drop for ForgetRounds {
+    fn drop(&mut self) {
+        ROUNDS.with(|rounds| {
+            if let Ok(mut rounds) = rounds.try_borrow_mut() {
+                rounds.clear();
+            }
+        });
+    }
 }
 
 /// A launcher that leaves in the middle of its loop (SIGTERM, FATAL) stops its rounds as
-/// one that leaves its loop does: a launcher started again would not know them. Runs
-/// while the loop's frame, which `LAUNCHER` points into, is still on the stack (an exit
-/// does not unwind it).
-#[pg_guard]
-unsafe extern "C-unwind" fn stop_rounds_at_exit(_code: std::ffi::c_int, _arg: pg_sys::Datum) {
-    let launcher = LAUNCHER.replace(std::ptr::null_mut());
-    if let Some(launcher) = unsafe { launcher.as_mut() } {
-        launcher.stop_all();
-    }
+/// one that leaves its loop does: a launcher started again would not know them. An exit
+/// does not unwind the loop, so `ROUNDS` still has them.
+fn stop_rounds_at_exit() {
+    ROUNDS.with(|rounds| {
+        if let Ok(mut rounds) = rounds.try_borrow_mut() {
+            for round in rounds.drain(..) {
+                round.terminate();
+            }
+        }
+    });
 }
 
 /// Why a served database waits for its next round.
@@ -415,7 +444,6 @@ impl Round {
 
 struct Launcher {
     served: HashMap<u32, Served>,
-    rounds: Vec<Round>,
     next_scan: Instant,
     /// Whether the last round that could not start found no background worker slot free
     /// (logged once until a round starts again).
@@ -428,7 +456,6 @@ impl Launcher {
     fn new() -> Launcher {
         Launcher {
             served: HashMap::new(),
-            rounds: Vec::new(),
             next_scan: Instant::now(),
             slots_full: false,
             unservable: HashMap::new(),
@@ -450,7 +477,7 @@ impl Launcher {
     fn nap(&self) -> Duration {
         let now = Instant::now();
         let mut until = self.next_scan.min(now + reap_interval());
-        if self.rounds.len() < MAX_ROUNDS {
+        if rounds_running() < MAX_ROUNDS {
             let dues = status::dues();
             let clock = backend::clock();
             for (oid, db) in &self.served {
@@ -499,7 +526,7 @@ impl Launcher {
     }
 
     fn running(&self, oid: u32) -> bool {
-        self.rounds.iter().any(|r| r.database == oid)
+        ROUNDS.with_borrow(|rounds| rounds.iter().any(|r| r.database == oid))
     }
 
     /// Reads pg_database and settles which databases are served.
@@ -566,10 +593,16 @@ impl Launcher {
             .collect();
         for oid in gone {
             self.served.remove(&oid);
-            match self.rounds.iter().find(|r| r.database == oid) {
-                // Its status row goes when the round has ended (`collect_finished`).
-                Some(round) => round.terminate(),
-                None => status::forget(pg_sys::Oid::from(oid)),
+            let running = ROUNDS.with_borrow(|rounds| {
+                rounds
+                    .iter()
+                    .find(|r| r.database == oid)
+                    .map(Round::terminate)
+                    .is_some()
+            });
+            // Its status row goes when the round has ended (`collect_finished`).
+            if !running {
+                status::forget(pg_sys::Oid::from(oid));
             }
         }
         self.unservable.retain(|name, _| wanted.includes(name));
@@ -585,7 +618,7 @@ impl Launcher {
     /// Starts the rounds that are due, earliest first, while slots are free.
     fn start_due(&mut self) {
         let dues = status::dues();
-        while self.rounds.len() < MAX_ROUNDS {
+        while rounds_running() < MAX_ROUNDS {
             let now = Instant::now();
             let clock = backend::clock();
             let Some(oid) = self
@@ -643,7 +676,9 @@ impl Launcher {
     }
 
     fn start(&mut self, oid: u32) -> Result<(), StartError> {
-        let Some(slot) = (0..MAX_ROUNDS).find(|i| !self.rounds.iter().any(|r| r.slot == *i)) else {
+        let free = ROUNDS
+            .with_borrow(|rounds| (0..MAX_ROUNDS).find(|i| !rounds.iter().any(|r| r.slot == *i)));
+        let Some(slot) = free else {
             return Err(StartError::Other("every round slot is taken"));
         };
         let Some(db) = self.served.get_mut(&oid) else {
@@ -652,7 +687,7 @@ impl Launcher {
         db.sweeping = db
             .last_sweep
             .is_none_or(|at| at.elapsed() >= SWEEP_INTERVAL);
-        HANDOFFS.exclusive().slots[slot] = Handoff {
+        handoffs().header().slots[slot] = Handoff {
             database: oid,
             owner: db.owner,
             named: db.named,
@@ -669,13 +704,15 @@ impl Launcher {
             .set_notify_pid(backend::pid())
             .set_restart_time(None);
         let Some(worker) = worker::Started::start(&builder) else {
-            HANDOFFS.exclusive().slots[slot] = Handoff::default();
+            handoffs().header().slots[slot] = Handoff::default();
             return Err(StartError::NoWorkerSlot);
         };
-        self.rounds.push(Round {
-            database: oid,
-            slot,
-            worker,
+        ROUNDS.with_borrow_mut(|rounds| {
+            rounds.push(Round {
+                database: oid,
+                slot,
+                worker,
+            })
         });
         Ok(())
     }
@@ -683,16 +720,24 @@ impl Launcher {
     /// Takes in the rounds that have ended and schedules each database's next one.
     fn collect_finished(&mut self) {
         let mut i = 0;
-        while i < self.rounds.len() {
-            if !self.rounds[i].stopped() {
-                i += 1;
-                continue;
-            }
-            let round = self.rounds.swap_remove(i);
+        loop {
+            let round = match ROUNDS.with_borrow_mut(|rounds| match rounds.get(i) {
+                None => Err(()),
+                Some(round) if !round.stopped() => Ok(None),
+                Some(_) => Ok(Some(rounds.swap_remove(i))),
+            }) {
+                Err(()) => break,
+                Ok(None) => {
+                    i += 1;
+                    continue;
+                }
+                Ok(Some(round)) => round,
+            };
             let outcome = {
-                let mut handoffs = HANDOFFS.exclusive();
-                let outcome = Outcome::read(&handoffs.slots[round.slot]);
-                handoffs.slots[round.slot] = Handoff::default();
+                let mut handoffs = handoffs();
+                let slots = &mut handoffs.header().slots;
+                let outcome = Outcome::read(&slots[round.slot]);
+                slots[round.slot] = Handoff::default();
                 outcome
             };
             if self.served.contains_key(&round.database) {
@@ -774,7 +819,7 @@ impl Launcher {
     }
 
     fn stop_all(&mut self) {
-        for round in self.rounds.drain(..) {
+        for round in ROUNDS.take() {
             round.terminate();
         }
     }
@@ -785,6 +830,11 @@ enum StartError {
     /// RegisterDynamicBackgroundWorker found every max_worker_processes slot taken.
     NoWorkerSlot,
     Other(&'static str),
+}
+
+/// How many rounds the launcher has running.
+fn rounds_running() -> usize {
+    ROUNDS.with_borrow(Vec::len)
 }
 
 fn reap_interval() -> Duration {
@@ -836,8 +886,10 @@ struct Job {
 }
 
 fn job(slot: usize) -> Option<Job> {
-    let handoffs = HANDOFFS.share();
-    let job = handoffs.slots.get(slot)?;
+    let handoffs = HANDOFFS
+        .read()
+        .expect("the reaper's hand-offs are in shared memory");
+    let job = handoffs.header().slots.get(slot)?;
     (job.database != 0).then(|| Job {
         database: pg_sys::Oid::from(job.database),
         owner: pg_sys::Oid::from(job.owner),
@@ -861,8 +913,8 @@ fn answer_to_owner(owner: pg_sys::Oid) {
 }
 
 fn finish(slot: usize, outcome: &Outcome) {
-    let mut handoffs = HANDOFFS.exclusive();
-    if let Some(job) = handoffs.slots.get_mut(slot) {
+    let mut handoffs = handoffs();
+    if let Some(job) = handoffs.header().slots.get_mut(slot) {
         job.outcome = outcome.code();
         if let Outcome::OtherVersion(version) = outcome {
             let bytes = version.as_bytes();
@@ -873,10 +925,10 @@ fn finish(slot: usize, outcome: &Outcome) {
     }
 }
 
+worker::entry_point!(lockext_reaper_main => round_main);
+
 /// One round in one database: the worker the launcher starts, which exits when done.
-#[pg_guard]
-#[unsafe(no_mangle)]
-pub extern "C-unwind" fn lockext_reaper_main(arg: pg_sys::Datum) {
+fn round_main(arg: pg_sys::Datum) {
     attach_signal_handlers();
     let slot = arg.value();
     let Some(Job {
@@ -1062,41 +1114,16 @@ fn reap_round(
     }
 }
 
-static mut PREV_ACCESS: pg_sys::object_access_hook_type = None;
-
 /// Watches for an extension being dropped (`DROP EXTENSION`, and `DROP SCHEMA ... CASCADE`
 /// or `DROP OWNED` that take one with them): its database becomes due when the dropping
 /// transaction commits, so that a round finds lockext gone and the launcher lets the
 /// database go (its reaper_status row with it) at once, as when a round ran every
 /// interval; an idle database would otherwise keep its row until its sweep. Any
-/// extension: a round too many costs one round. An object access hook, not a utility
-/// hook: it is called for the one object, and wraps no statement's execution (whose
-/// errors would pass through it).
+/// extension: a round too many costs one round. An object access hook
+/// (`backend::on_extension_drop`), not a utility hook: it is called for the one object,
+/// and wraps no statement's execution (whose errors would pass through it).
 pub fn watch_drops() {
-    unsafe {
-        PREV_ACCESS = pg_sys::object_access_hook;
-        pg_sys::object_access_hook = Some(object_access);
-    }
-}
-
-#[pg_guard]
-unsafe extern "C-unwind" fn object_access(
-    access: pg_sys::ObjectAccessType::Type,
-    class_id: pg_sys::Oid,
-    object_id: pg_sys::Oid,
-    sub_id: std::ffi::c_int,
-    arg: *mut std::ffi::c_void,
-) {
-    unsafe {
-        if let Some(prev) = PREV_ACCESS {
-            pg_sys::submodules::ffi::pg_guard_ffi_boundary(|| {
-                prev(access, class_id, object_id, sub_id, arg)
-            });
-        }
-    }
-    if access == pg_sys::ObjectAccessType::OAT_DROP && class_id == pg_sys::ExtensionRelationId {
-        status::due_now();
-    }
+    backend::on_extension_drop(status::due_now);
 }
 
 /// When the database next needs a round (a TimestampTz; timestamptz's infinity: never).

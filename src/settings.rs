@@ -5,7 +5,9 @@ use std::ffi::CString;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
-use pgrx::{pg_sys, PostgresGucEnum};
+use pgrx::PostgresGucEnum;
+
+use crate::guc;
 
 /// What a grant's commit waits for. docs/settings.md explains the trade-off.
 #[derive(PostgresGucEnum, Clone, Copy, PartialEq, Eq, Debug)]
@@ -60,20 +62,15 @@ pub fn value_max_size() -> usize {
 }
 
 pub fn define() {
-    unsafe {
-        GucRegistry::define_enum_guc_with_hooks(
-            c"lockext.durability",
-            c"What a grant's commit waits for: grant (flush every grant) or epoch.",
-            c"epoch commits grants as the session's synchronous_commit says: a crash may \
-              end a lease early, never repeat a token.",
-            &DURABILITY,
-            GucContext::Userset,
-            GucFlags::default(),
-            None,
-            None,
-            None,
-        );
-    }
+    GucRegistry::define_enum_guc(
+        c"lockext.durability",
+        c"What a grant's commit waits for: grant (flush every grant) or epoch.",
+        c"epoch commits grants as the session's synchronous_commit says: a crash may \
+          end a lease early, never repeat a token.",
+        &DURABILITY,
+        GucContext::Userset,
+        GucFlags::default(),
+    );
     GucRegistry::define_string_guc(
         c"lockext.database",
         c"Databases whose expired leases the reaper clears: * (every database with lockext), \
@@ -188,7 +185,7 @@ pub fn define() {
     );
     // Only after every setting is defined: reserving the prefix removes any lockext.*
     // value read from postgresql.conf that is not (yet) a defined setting.
-    unsafe { pg_sys::MarkGUCPrefixReserved(c"lockext".as_ptr()) };
+    guc::reserve_prefix(c"lockext");
 }
 
 fn define_reaper_databases() {

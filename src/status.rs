@@ -18,7 +18,9 @@ use pgrx::pg_sys;
 use pgrx::prelude::*;
 
 use crate::backend;
+use crate::catalog;
 use crate::settings;
+use crate::shmem::{self, Table};
 
 const ERROR_BYTES: usize = 240;
 /// A due time that never comes: timestamptz's infinity.
@@ -57,119 +59,66 @@ const FREE: Entry = Entry {
 
 /// The board's header; `capacity` entries follow it.
 #[repr(C)]
+#[derive(Clone, Copy)]
 struct Header {
     capacity: usize,
     /// Whether the WARNING about a full board was given (once per server start).
     warned: bool,
 }
 
-// Set in every process by the shmem startup hook (inherited through fork).
-static mut BOARD: *mut Header = std::ptr::null_mut();
-static mut LOCK: *mut pg_sys::LWLock = std::ptr::null_mut();
-static mut PREV_REQUEST: Option<unsafe extern "C-unwind" fn()> = None;
-static mut PREV_STARTUP: Option<unsafe extern "C-unwind" fn()> = None;
+shmem::plain!(Entry {
+    database,
+    pid,
+    last_run,
+    rounds,
+    reaped_total,
+    reaped_last_round,
+    due,
+    since,
+    error_len,
+    error,
+});
+shmem::plain!(Header { capacity, warned });
+
+/// The board: its header, then an entry per database, `lockext.reaper_databases` of them.
+static BOARD: Table<Header, Entry> = Table::new(NAME, capacity_setting, new_board, FREE, ());
 
 fn capacity_setting() -> usize {
     settings::REAPER_DATABASES.get().max(1) as usize
 }
 
-fn board_size(capacity: usize) -> usize {
-    std::mem::size_of::<Header>() + capacity * std::mem::size_of::<Entry>()
+fn new_board(capacity: usize) -> Header {
+    Header {
+        capacity,
+        warned: false,
+    }
 }
 
 /// Asks for the board's memory and lock (at preload: the size is a postmaster setting).
 pub fn init_shared_memory() {
-    unsafe {
-        PREV_REQUEST = pg_sys::shmem_request_hook;
-        pg_sys::shmem_request_hook = Some(request);
-        PREV_STARTUP = pg_sys::shmem_startup_hook;
-        pg_sys::shmem_startup_hook = Some(startup);
-    }
-}
-
-#[pg_guard]
-unsafe extern "C-unwind" fn request() {
-    unsafe {
-        if let Some(prev) = PREV_REQUEST {
-            prev();
-        }
-        pg_sys::RequestAddinShmemSpace(board_size(capacity_setting()));
-        pg_sys::RequestNamedLWLockTranche(NAME.as_ptr(), 1);
-    }
-}
-
-#[pg_guard]
-unsafe extern "C-unwind" fn startup() {
-    unsafe {
-        if let Some(prev) = PREV_STARTUP {
-            prev();
-        }
-        // AddinShmemInitLock (lwlocknames.h), as pgrx's own shared memory takes it.
-        let init_lock = &raw mut (*pg_sys::MainLWLockArray.add(21)).lock;
-        pg_sys::LWLockAcquire(init_lock, pg_sys::LWLockMode::LW_EXCLUSIVE);
-        let capacity = capacity_setting();
-        let mut found = false;
-        let board =
-            pg_sys::ShmemInitStruct(NAME.as_ptr(), board_size(capacity), &mut found) as *mut Header;
-        if !found {
-            board.write(Header {
-                capacity,
-                warned: false,
-            });
-            let entries = board.add(1) as *mut Entry;
-            for i in 0..capacity {
-                entries.add(i).write(FREE);
-            }
-        }
-        BOARD = board;
-        LOCK = &raw mut (*pg_sys::GetNamedLWLockTranche(NAME.as_ptr())).lock;
-        pg_sys::LWLockRelease(init_lock);
-    }
+    BOARD.request();
 }
 
 /// The board under its lock, released when dropped. Nothing under it may raise an error.
 struct Locked {
-    header: &'static mut Header,
-    entries: &'static mut [Entry],
+    board: shmem::Write<Header, Entry, ()>,
 }
 
 impl Locked {
-    fn take(mode: pg_sys::LWLockMode::Type) -> Option<Locked> {
-        unsafe {
-            let board = BOARD;
-            if board.is_null() || LOCK.is_null() {
-                return None;
-            }
-            pg_sys::LWLockAcquire(LOCK, mode);
-            let capacity = (*board).capacity;
-            Some(Locked {
-                header: &mut *board,
-                entries: std::slice::from_raw_parts_mut(board.add(1) as *mut Entry, capacity),
-            })
-        }
-    }
-
     fn exclusive() -> Option<Locked> {
-        Locked::take(pg_sys::LWLockMode::LW_EXCLUSIVE)
+        BOARD.write().map(|board| Locked { board })
     }
 
-    fn shared() -> Option<Locked> {
-        Locked::take(pg_sys::LWLockMode::LW_SHARED)
+    fn header(&mut self) -> &mut Header {
+        self.board.parts().0
     }
 
-    fn find(&self, db: u32) -> Option<usize> {
-        self.entries.iter().position(|e| e.database == db)
+    fn entries(&mut self) -> &mut [Entry] {
+        self.board.parts().1
     }
-}
 
-impl Drop for Locked {
-    fn drop(&mut self) {
-        // Not while PostgreSQL's error handling unwinds: the abort releases every LWLock.
-        unsafe {
-            if pg_sys::InterruptHoldoffCount > 0 {
-                pg_sys::LWLockRelease(LOCK);
-            }
-        }
+    fn find(&mut self, db: u32) -> Option<usize> {
+        self.entries().iter().position(|e| e.database == db)
     }
 }
 
@@ -188,21 +137,22 @@ impl Reporter {
         let db = database.to_u32();
         let (index, warn, capacity) = match Locked::exclusive() {
             None => (None, false, 0),
-            Some(board) => {
+            Some(mut board) => {
                 let index = board.find(db).or_else(|| board.find(0));
                 if let Some(i) = index {
-                    let entry = &mut board.entries[i];
+                    let entry = &mut board.entries()[i];
                     if entry.database != db {
                         *entry = FREE;
                         entry.database = db;
                     }
                     entry.pid = pid;
                 }
-                let warn = index.is_none() && !board.header.warned;
+                let header = board.header();
+                let warn = index.is_none() && !header.warned;
                 if warn {
-                    board.header.warned = true;
+                    header.warned = true;
                 }
-                (index, warn, board.header.capacity)
+                (index, warn, header.capacity)
             }
         };
         if index.is_none() {
@@ -254,9 +204,9 @@ impl Reporter {
 
     fn update(&self, f: impl FnOnce(&mut Entry)) {
         let Some(i) = self.index else { return };
-        if let Some(board) = Locked::exclusive() {
+        if let Some(mut board) = Locked::exclusive() {
             if let Some(entry) = board
-                .entries
+                .entries()
                 .get_mut(i)
                 .filter(|e| e.database == self.database)
             {
@@ -281,17 +231,22 @@ pub fn publish(at: i64) {
         return;
     }
     let db = backend::database().to_u32();
-    let Some(board) = Locked::exclusive() else {
+    let Some(mut board) = Locked::exclusive() else {
         return;
     };
     let (cached_db, cached) = MY_ENTRY.get();
-    let index = if cached_db == db && board.entries.get(cached).is_some_and(|e| e.database == db) {
+    let index = if cached_db == db
+        && board
+            .entries()
+            .get(cached)
+            .is_some_and(|e| e.database == db)
+    {
         Some(cached)
     } else {
         board.find(db)
     };
     if let Some(i) = index {
-        let entry = &mut board.entries[i];
+        let entry = &mut board.entries()[i];
         entry.due = entry.due.min(at);
         entry.since = entry.since.min(at);
         MY_ENTRY.set((db, i));
@@ -346,11 +301,11 @@ fn publish_due() {
 
 /// Every database's due time, for the launcher (one pass over the board).
 pub fn dues() -> HashMap<u32, i64> {
-    let Some(board) = Locked::shared() else {
+    let Some(board) = BOARD.read() else {
         return HashMap::new();
     };
     board
-        .entries
+        .rows()
         .iter()
         .filter(|e| e.database != 0)
         .map(|e| (e.database, e.due))
@@ -362,8 +317,8 @@ pub fn dues() -> HashMap<u32, i64> {
 /// and another database may report in its place.
 pub fn forget(database: pg_sys::Oid) {
     let db = database.to_u32();
-    if let Some(board) = Locked::exclusive() {
-        for entry in board.entries.iter_mut().filter(|e| e.database == db) {
+    if let Some(mut board) = Locked::exclusive() {
+        for entry in board.entries().iter_mut().filter(|e| e.database == db) {
             *entry = FREE;
         }
     }
@@ -399,9 +354,9 @@ fn reaper_status() -> TableIterator<
     if !settings::preloaded() {
         return TableIterator::new(Vec::new());
     }
-    let entries: Vec<Entry> = match Locked::shared() {
+    let entries: Vec<Entry> = match BOARD.read() {
         Some(board) => board
-            .entries
+            .rows()
             .iter()
             .copied()
             .filter(|e| e.database != 0)
@@ -411,7 +366,7 @@ fn reaper_status() -> TableIterator<
     TableIterator::new(entries.into_iter().map(|s| {
         let error = String::from_utf8_lossy(&s.error[..s.error_len]).into_owned();
         (
-            database_name(s.database),
+            catalog::database_name(pg_sys::Oid::from(s.database)),
             s.pid,
             (s.last_run != 0)
                 .then(|| TimestampWithTimeZone::try_from(s.last_run).ok())
@@ -422,18 +377,4 @@ fn reaper_status() -> TableIterator<
             (!error.is_empty()).then_some(error),
         )
     }))
-}
-
-fn database_name(oid: u32) -> Option<String> {
-    unsafe {
-        let name = pg_sys::get_database_name(pg_sys::Oid::from(oid));
-        if name.is_null() {
-            return None;
-        }
-        Some(
-            std::ffi::CStr::from_ptr(name)
-                .to_string_lossy()
-                .into_owned(),
-        )
-    }
 }

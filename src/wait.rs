@@ -15,16 +15,17 @@
 //! Without shared memory (lockext not preloaded) there is no queue: a waiter polls, with
 //! a back-off from 5 ms to 200 ms, still interruptible, and no order is promised.
 
-use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use pgrx::pg_shmem_init;
 use pgrx::prelude::*;
-use pgrx::{pg_shmem_init, PgAtomic};
 
 use crate::backend;
 use crate::catalog;
 use crate::error::MAX_ID_BYTES;
 use crate::settings;
+use crate::shmem::{self, Table, WAITING};
 use crate::text::{Text, TextBuf};
 
 /// A backend's place in line: what every look at the queue reads, kept small (24 bytes)
@@ -46,16 +47,33 @@ struct Detail {
     id: [u8; MAX_ID_BYTES],
 }
 
-impl Default for Detail {
-    fn default() -> Self {
-        Detail {
-            since: 0,
-            encoding: 0,
-            id_len: 0,
-            id: [0; MAX_ID_BYTES],
-        }
-    }
-}
+const FREE_PLACE: Place = Place {
+    ticket: 0,
+    key: 0,
+    database: 0,
+    pid: 0,
+};
+
+const NO_DETAIL: Detail = Detail {
+    since: 0,
+    encoding: 0,
+    id_len: 0,
+    id: [0; MAX_ID_BYTES],
+};
+
+shmem::plain!(Place {
+    ticket,
+    key,
+    database,
+    pid
+});
+shmem::plain!(Detail {
+    since,
+    encoding,
+    id_len,
+    id
+});
+shmem::plain!(Header { next_ticket });
 
 impl Detail {
     fn lock_id(&self) -> Text<'_> {
@@ -65,6 +83,7 @@ impl Detail {
 
 /// What precedes the places, then the details, in shared memory.
 #[repr(C)]
+#[derive(Clone, Copy)]
 struct Header {
     next_ticket: u64,
 }
@@ -74,33 +93,19 @@ struct Header {
 /// background workers and WAL senders 0 to `MaxBackends - 1` (auxiliary processes and
 /// prepared transactions come after, and never wait), so every backend has a place of its
 /// own whatever the others wait for, and taking a place is not a search. The size is
-/// known only once the server has read its settings, so it is requested in
-/// `shmem_request_hook` (pgrx's `pg_shmem_init!` takes fixed-size types only).
-const NAME: &std::ffi::CStr = c"lockext_wait_queue";
-
-static HEADER: AtomicPtr<Header> = AtomicPtr::new(std::ptr::null_mut());
-static LOCK: AtomicPtr<pg_sys::LWLock> = AtomicPtr::new(std::ptr::null_mut());
-static SLOTS: AtomicUsize = AtomicUsize::new(0);
-// How many tickets are out: lets every acquire skip the queue's lock when nobody waits.
-static WAITING: PgAtomic<AtomicU32> = unsafe { PgAtomic::new(c"lockext_waiting") };
-
-static mut PREV_SHMEM_REQUEST_HOOK: pg_sys::shmem_request_hook_type = None;
-static mut PREV_SHMEM_STARTUP_HOOK: pg_sys::shmem_startup_hook_type = None;
+/// known only once the server has read its settings, so it is requested at start-up
+/// (`shmem::Table`; pgrx's `pg_shmem_init!` takes fixed-size types only).
+static QUEUE: Table<Header, Place, Detail> = Table::new(
+    c"lockext_wait_queue",
+    slots_wanted,
+    |_| Header { next_ticket: 1 },
+    FREE_PLACE,
+    NO_DETAIL,
+);
 
 pub fn init_shared_memory() {
     pg_shmem_init!(WAITING);
-    unsafe {
-        PREV_SHMEM_REQUEST_HOOK = pg_sys::shmem_request_hook;
-        pg_sys::shmem_request_hook = Some(request_shared_memory);
-        PREV_SHMEM_STARTUP_HOOK = pg_sys::shmem_startup_hook;
-        pg_sys::shmem_startup_hook = Some(attach_shared_memory);
-    }
-}
-
-/// The queue's size in shared memory for `slots` places.
-fn queue_bytes(slots: usize) -> usize {
-    std::mem::size_of::<Header>()
-        + slots * (std::mem::size_of::<Place>() + std::mem::size_of::<Detail>())
+    QUEUE.request();
 }
 
 /// How many slots: `MaxBackends`, which the server has computed from its settings
@@ -110,110 +115,15 @@ fn slots_wanted() -> usize {
     usize::try_from(backend::max_backends()).unwrap_or(0)
 }
 
-#[pg_guard]
-unsafe extern "C-unwind" fn request_shared_memory() {
-    unsafe {
-        if let Some(prev) = PREV_SHMEM_REQUEST_HOOK {
-            pg_sys::ffi::pg_guard_ffi_boundary(|| prev());
-        }
-        pg_sys::RequestAddinShmemSpace(queue_bytes(slots_wanted()));
-        pg_sys::RequestNamedLWLockTranche(NAME.as_ptr(), 1);
-    }
-}
-
-#[pg_guard]
-unsafe extern "C-unwind" fn attach_shared_memory() {
-    unsafe {
-        if let Some(prev) = PREV_SHMEM_STARTUP_HOOK {
-            pg_sys::ffi::pg_guard_ffi_boundary(|| prev());
-        }
-        let slots = slots_wanted();
-        // AddinShmemInitLock, a macro in lwlock.h: the 21st of the main LWLocks.
-        let init_lock = &raw mut (*pg_sys::MainLWLockArray.add(21)).lock;
-        pg_sys::LWLockAcquire(init_lock, pg_sys::LWLockMode::LW_EXCLUSIVE);
-        let mut found = false;
-        let header =
-            pg_sys::ShmemInitStruct(NAME.as_ptr(), queue_bytes(slots), &mut found).cast::<Header>();
-        if !found {
-            header.write(Header { next_ticket: 1 });
-            let places = header.add(1).cast::<Place>();
-            let details = places.add(slots).cast::<Detail>();
-            for i in 0..slots {
-                places.add(i).write(Place::default());
-                details.add(i).write(Detail::default());
-            }
-        }
-        let lock = &raw mut (*pg_sys::GetNamedLWLockTranche(NAME.as_ptr())).lock;
-        pg_sys::LWLockRelease(init_lock);
-        LOCK.store(lock, Ordering::Release);
-        SLOTS.store(slots, Ordering::Release);
-        HEADER.store(header, Ordering::Release);
-    }
-}
-
-/// The queue under its lock, shared (`read`) or exclusive (`write`); the lock is released
-/// when the guard is dropped, and by PostgreSQL's error recovery on an ERROR.
-struct Locked {
-    header: *mut Header,
-    slots: usize,
-}
-
-impl Locked {
-    fn take(mode: pg_sys::LWLockMode::Type) -> Locked {
-        let header = HEADER.load(Ordering::Acquire);
-        assert!(!header.is_null(), "the wait queue is not in shared memory");
-        unsafe { pg_sys::LWLockAcquire(LOCK.load(Ordering::Acquire), mode) };
-        Locked {
-            header,
-            slots: SLOTS.load(Ordering::Acquire),
-        }
-    }
-
-    fn places_ptr(&self) -> *mut Place {
-        unsafe { self.header.add(1).cast::<Place>() }
-    }
-
-    fn details_ptr(&self) -> *mut Detail {
-        unsafe { self.places_ptr().add(self.slots).cast::<Detail>() }
-    }
-
-    fn places(&self) -> &[Place] {
-        unsafe { std::slice::from_raw_parts(self.places_ptr(), self.slots) }
-    }
-
-    fn details(&self) -> &[Detail] {
-        unsafe { std::slice::from_raw_parts(self.details_ptr(), self.slots) }
-    }
-}
-
-impl Drop for Locked {
-    fn drop(&mut self) {
-        unsafe { pg_sys::LWLockRelease(LOCK.load(Ordering::Acquire)) };
-    }
-}
-
-fn read() -> Locked {
-    Locked::take(pg_sys::LWLockMode::LW_SHARED)
+/// The queue under its lock, shared: its places and details may be read. Only when
+/// lockext is preloaded (every caller asks `settings::preloaded()` first).
+fn read() -> shmem::Read<Header, Place, Detail> {
+    QUEUE.read().expect("the wait queue is in shared memory")
 }
 
 /// The queue, exclusively: its slots may be written.
-struct Writing(Locked);
-
-impl Writing {
-    fn parts(&mut self) -> (&mut Header, &mut [Place], &mut [Detail]) {
-        let n = self.0.slots;
-        unsafe {
-            (
-                &mut *self.0.header,
-                std::slice::from_raw_parts_mut(self.0.places_ptr(), n),
-                std::slice::from_raw_parts_mut(self.0.details_ptr(), n),
-            )
-        }
-    }
-}
-
-fn write() -> Writing {
-    Writing(Locked::take(pg_sys::LWLockMode::LW_EXCLUSIVE))
+fn write() -> shmem::Write<Header, Place, Detail> {
+    QUEUE.write().expect("the wait queue is in shared memory")
 }
 
 /// The queue key of a lock id in this database.
@@ -237,7 +147,7 @@ fn queued_ahead(lock_id: Text<'_>, ticket: u64) -> usize {
     }
     let (database, key) = key_of(lock_id);
     read()
-        .places()
+        .rows()
         .iter()
         .filter(|s| {
             s.ticket != 0
@@ -365,7 +275,7 @@ fn leave_queue_at_exit() {
 
 fn leave_at_exit() {
     // An exit can begin anywhere; the queue's lock must not be ours already.
-    unsafe { pg_sys::LWLockReleaseAll() };
+    shmem::release_all_locks();
     let pid = backend::pid();
     // Only this backend's own slot can hold its ticket.
     let left = usize::try_from(backend::procno()).ok().and_then(|i| {
@@ -395,17 +305,14 @@ pub fn wake_head(lock_id: Text<'_>) {
     let (database, key) = key_of(lock_id);
     // A slot's index is its backend's pgprocno.
     let procno = read()
-        .places()
+        .rows()
         .iter()
         .enumerate()
         .filter(|(_, s)| s.ticket != 0 && s.database == database && s.key == key)
         .min_by_key(|(_, s)| s.ticket)
         .map(|(i, _)| i);
     if let Some(procno) = procno {
-        unsafe {
-            let proc_ = (*pg_sys::ProcGlobal).allProcs.add(procno);
-            pg_sys::SetLatch(&mut (*proc_).procLatch);
-        }
+        backend::set_latch_of(procno);
     }
 }
 
@@ -426,31 +333,12 @@ pub fn wake_head_at_commit(lock_id: Text<'_>) {
 pub fn nap(deadline: Instant, nap: Duration) {
     let left = deadline.saturating_duration_since(Instant::now()).min(nap);
     let ms = left.as_millis().clamp(1, i64::from(i32::MAX) as u128) as i64;
-    unsafe {
-        pg_sys::WaitLatch(
-            pg_sys::MyLatch,
-            (pg_sys::WL_LATCH_SET | pg_sys::WL_TIMEOUT | pg_sys::WL_EXIT_ON_PM_DEATH) as i32,
-            ms,
-            pg_sys::PG_WAIT_EXTENSION,
-        );
-        pg_sys::ResetLatch(pg_sys::MyLatch);
-        // A waiter whose client is gone must not wait on, and above all must not be
-        // granted the lock for nobody: end the session as PostgreSQL does when
-        // client_connection_check_interval finds the client gone (FATAL "connection to
-        // client lost"); the exit hook then leaves the queue.
-        if !pg_sys::MyProcPort.is_null()
-            && !pg_sys::ffi::pg_guard_ffi_boundary(|| pq_check_connection())
-        {
-            pg_sys::ClientConnectionLost = 1;
-            pg_sys::InterruptPending = 1;
-        }
-    }
+    backend::nap_on_latch(ms);
+    // A waiter whose client is gone must not wait on, and above all must not be granted
+    // the lock for nobody: the session ends (FATAL "connection to client lost", at the
+    // check below); the exit hook then leaves the queue.
+    backend::end_if_client_gone();
     pg_sys::check_for_interrupts!();
-}
-
-// libpq/libpq.h, which pgrx does not bind: whether the client's socket is still open.
-unsafe extern "C-unwind" {
-    fn pq_check_connection() -> bool;
 }
 
 /// How long a waiter naps before it looks again when nothing wakes it: with a queue a
@@ -483,7 +371,7 @@ fn waiters() -> TableIterator<
     let mut slots: Vec<(Place, Detail)> = {
         let queue = read();
         queue
-            .places()
+            .rows()
             .iter()
             .zip(queue.details())
             .filter(|(p, _)| p.ticket != 0)

@@ -2,8 +2,9 @@
 //! (`Started`, whose handle is freed when it is dropped), asked whether it stopped, and
 //! stopped; and what a worker process does to itself: leave on SIGTERM through
 //! PostgreSQL's own `die`, reload its settings, override a setting for itself, name itself
-//! in pg_stat_activity, and forget the activity snapshot it read. The reaper asks here
-//! instead of calling `pg_sys` itself.
+//! in pg_stat_activity, and forget the activity snapshot it read; and the C symbol a
+//! worker is started by (`entry_point!`). The reaper asks here instead of calling `pg_sys`
+//! itself.
 //!
 //! Why the calls are sound: each is one PostgreSQL documents for a background worker (or
 //! its launcher) and takes only values we own for the call (NUL-terminated strings,
@@ -103,3 +104,19 @@ impl Drop for Started {
         unsafe { pg_sys::pfree(self.handle.cast()) };
     }
 }
+
+/// `entry_point!(lockext_x_main => body)`: the function PostgreSQL starts a background
+/// worker with (`BackgroundWorkerBuilder::set_function("lockext_x_main")`), exported by
+/// that name, `#[pg_guard]`ed, running `body(arg)`. Sound: an exported name must be
+/// unique among the symbols the server loads; every entry point's is `lockext_`-prefixed,
+/// and two of one name in lockext fail to link.
+macro_rules! entry_point {
+    ($name:ident => $body:path) => {
+        #[::pgrx::pg_guard]
+        #[unsafe(no_mangle)]
+        pub extern "C-unwind" fn $name(arg: ::pgrx::pg_sys::Datum) {
+            $body(arg)
+        }
+    };
+}
+pub(crate) use entry_point;

@@ -522,3 +522,49 @@ fn a_database_whose_lockext_schema_another_role_owns_is_not_reaped() {
         "a reaper round ran the squatter's lockext.free_at as superuser"
     );
 }
+
+/// A launcher ended in the middle of its loop (pg_terminate_backend: FATAL at its next
+/// interrupt check, which unwinds nothing) stops the rounds it started, from its exit hook,
+/// as a launcher that leaves its loop does: a launcher started again would not know them.
+/// The round, stopped by gdb between two of its thousands of batches, has its SIGTERM when
+/// gdb lets it go, and leaves with FATAL instead of reaping on.
+#[test]
+fn a_launcher_ended_in_its_loop_stops_its_rounds() {
+    let cluster = Cluster::start(
+        "rdb-launcher",
+        "lockext.reap_interval = '200ms'\nlockext.reap_batch_size = 1\n\
+         lockext.reap_round_batches = 1000000",
+    );
+    let mut c = cluster.connect();
+    let mut gdb = stopped_round(&cluster, &mut c, "orphaned", "postgres", LEASES);
+    let round = reaper_pid(&mut c, "orphaned").expect("the stopped round");
+    let launcher: i32 = c
+        .query_one(
+            "SELECT pid FROM pg_stat_activity WHERE backend_type = 'lockext launcher'",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    let ended: bool = c
+        .query_one("SELECT pg_terminate_backend($1)", &[&launcher])
+        .unwrap()
+        .get(0);
+    assert!(ended, "the launcher was signalled");
+    eventually(Duration::from_secs(10), "the launcher gone", || {
+        let left: i64 = c
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE pid = $1",
+                &[&launcher],
+            )
+            .unwrap()
+            .get(0);
+        (left == 0).then_some(())
+    });
+    gdb.release();
+    let terminated = format!("[{round}] lockext reaper FATAL:  terminating background worker");
+    eventually(
+        Duration::from_secs(20),
+        "the round ended by SIGTERM",
+        || cluster.log().contains(&terminated).then_some(()),
+    );
+}
