@@ -71,6 +71,14 @@ static REVOKE: Statement = Statement {
         ("keepalive", INT8OID),
         ("role", OIDOID),
         ("now", TIMESTAMPTZOID),
+    ],
+};
+
+static REVOKE_LEASES: Statement = Statement {
+    sql: include_str!("../sql/run/keepalive/revoke_leases.sql"),
+    params: &[
+        ("keepalive", INT8OID),
+        ("live", BOOLOID),
         ("notify", BOOLOID),
     ],
 };
@@ -198,32 +206,32 @@ fn lock_keepalive_revoke(keepalive: Option<i64>) -> Option<i64> {
         let notify = crate::events::enabled();
         // A release, as lock_release's: losing it in a crash only ends leases later.
         let only_leases = commit::only_leases_so_far();
-        let ended = xact::while_briefly_locked(
-            || {
-                Spi::connect_mut(|client| {
-                    let args = Args::new()
-                        .set("keepalive", keepalive)
-                        .set("role", role)
-                        .set("now", now)
-                        .set("notify", notify);
-                    xact::kept_if_found(|| {
-                        let rows = REVOKE.run(client, args)?;
-                        if rows.is_empty() {
-                            return Ok(None);
-                        }
-                        let mut ended = 0i64;
-                        for row in rows {
-                            if let Some(lock_id) = row.get_by_name::<TextBuf, _>("lock_id")? {
-                                wait::wake_head_at_commit(lock_id.as_text());
-                                ended += 1;
-                            }
-                        }
-                        Ok(Some(ended))
-                    })
-                })
-            },
-            || still_held(keepalive, role, now),
-        )?;
+        // Two statements: the keep-alive is ended first, once every grant that was attaching
+        // a lease to it has committed or not (revoke.sql waits for them), and the leases are
+        // deleted under a snapshot taken after that, which sees each of those leases.
+        let ended = xact::kept_if_found(|| {
+            Spi::connect_mut(|client| {
+                let args = Args::new()
+                    .set("keepalive", keepalive)
+                    .set("role", role)
+                    .set("now", now);
+                let Some(live) = first_named::<bool>(REVOKE.run(client, args)?, "live")? else {
+                    return Ok(None);
+                };
+                let args = Args::new()
+                    .set("keepalive", keepalive)
+                    .set("live", live)
+                    .set("notify", notify);
+                let mut ended = 0i64;
+                for row in REVOKE_LEASES.run(client, args)? {
+                    if let Some(lock_id) = row.get_by_name::<TextBuf, _>("lock_id")? {
+                        wait::wake_head_at_commit(lock_id.as_text());
+                        ended += 1;
+                    }
+                }
+                Ok(Some(ended))
+            })
+        })?;
         commit::relax_if_only_leases(only_leases);
         Ok(ended)
     })
@@ -231,7 +239,7 @@ fn lock_keepalive_revoke(keepalive: Option<i64>) -> Option<i64> {
 }
 
 /// Whether the caller's keep-alive is live and not ended, under the newest snapshot: what
-/// a renewal or revocation that found nothing tries again for (`xact::while_briefly_locked`).
+/// a renewal that found nothing tries again for (`xact::while_briefly_locked`).
 fn still_held(keepalive: i64, role: pg_sys::Oid, now: TimestampWithTimeZone) -> bool {
     let args = Args::new()
         .set("keepalive", keepalive)

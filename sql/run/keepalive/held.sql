@@ -1,5 +1,5 @@
 -- Is the keep-alive live and the caller's (or is the caller a lockext_admin member)? Run
--- under the newest snapshot, when a renewal or a revocation found its row locked.
+-- under the newest snapshot, when a renewal found its row locked.
 -- $1 keepalive, $2 role (the calling role), $3 now (the call's clock)
 SELECT EXISTS (SELECT FROM lockext.keepalives
                 WHERE keepalive = $1 AND NOT ended AND expires_at > $3

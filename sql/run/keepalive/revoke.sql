@@ -1,54 +1,21 @@
--- lock_keepalive_revoke: ends the keep-alive (never renewed again, its expiry moved back
--- to now if it was later) and deletes every lease attached to it, each with an event:
--- 'released' when the keep-alive was live, 'expired' when it had already run out. A lease
--- row someone holds locked right now is skipped: it stays attached to an ended keep-alive,
--- dead, and the reaper or the next grant of its lock id clears it. One row per lease
--- deleted; one row with lock_id NULL when none was; no row when the caller holds no such
--- keep-alive (or it is locked by a renewal right now). A lockext_admin member may revoke
--- another role's keep-alive.
--- The values of the grants it deletes (lockext.lease_values, src/election.rs) go in the
--- same statement: one probe of the values' key for each row deleted (a LATERAL subquery:
--- whatever the statistics say, no plan compares every value with every row), then a
--- delete by the values' row addresses (a TID scan).
--- A value row that another transaction holds locked (a setter's) is skipped, not waited
--- for, and so is one a setter changed after the statement's snapshot (its newest version
--- is not the one the delete sees): both are left to the reaper's sweep (reap_values.sql).
--- $1 keepalive, $2 role (the calling role), $3 now (the call's clock), $4 notify
--- (lockext.notify: send events)
-WITH k AS (UPDATE lockext.keepalives AS k
-              SET ended = true, expires_at = least(k.expires_at, $3)
-             FROM (SELECT keepalive, expires_at > $3 AS live
-                     FROM lockext.keepalives
-                    WHERE keepalive = $1
-                      AND (holder_role = $2 OR pg_has_role($2, 'lockext_admin', 'USAGE'))
-                      FOR NO KEY UPDATE SKIP LOCKED) AS c
-            WHERE k.keepalive = c.keepalive
-           RETURNING k.keepalive, c.live),
-     x AS (DELETE FROM lockext.locks AS l
-            USING (SELECT lock_id, owner FROM lockext.locks
-                    WHERE keepalive = $1 FOR UPDATE SKIP LOCKED) AS c, k
-            WHERE l.lock_id = c.lock_id AND l.owner = c.owner
-           RETURNING l.lock_id, l.fence_token),
-     sh AS (DELETE FROM lockext.shared_leases AS l
-             USING (SELECT lock_id, owner FROM lockext.shared_leases
-                     WHERE keepalive = $1 FOR UPDATE SKIP LOCKED) AS c, k
-             WHERE l.lock_id = c.lock_id AND l.owner = c.owner
-            RETURNING l.lock_id, l.fence_token),
-     ended AS (SELECT lock_id, fence_token FROM x
-               UNION ALL
-               SELECT lock_id, fence_token FROM sh),
-     ended_values AS MATERIALIZED (
-             SELECT x.ctid
-               FROM ended AS r,
-                    LATERAL (SELECT v.ctid FROM lockext.lease_values AS v
-                              WHERE v.lock_id = r.lock_id AND v.fence_token = r.fence_token
-                                FOR UPDATE SKIP LOCKED) AS x),
-     values_gone AS (DELETE FROM lockext.lease_values AS v
-                      WHERE v.ctid = ANY (ARRAY(SELECT ctid FROM ended_values)))
-SELECT e.lock_id,
-       CASE WHEN $4 AND e.lock_id IS NOT NULL THEN pg_catalog.pg_notify('lockext',
-           pg_catalog.json_build_object(
-               'event', CASE WHEN k.live THEN 'released' ELSE 'expired' END,
-               'lock_id', e.lock_id, 'fence_token', e.fence_token,
-               'previous_fence_token', NULL)::text) END AS notified
-  FROM k LEFT JOIN ended AS e ON true
+-- lock_keepalive_revoke, first statement: ends the keep-alive (never renewed again, its
+-- expiry moved back to now if it was later). One row, whether it was live; no row when the
+-- caller holds no such keep-alive. A lockext_admin member may revoke another role's.
+-- FOR UPDATE, waited for: a grant attaching a lease holds the row FOR KEY SHARE to the end
+-- of its transaction (attach.sql), which only FOR UPDATE conflicts with. So the revocation
+-- waits for every grant that attached a lease before it, and each such lease is committed
+-- before the keep-alive ends (revoke_leases.sql, a statement of its own with a newer
+-- snapshot, then deletes it); a grant that comes later finds the row locked or ended and
+-- is refused. Without the wait, a grant could attach a lease to a keep-alive revoked in
+-- the meantime, and answer "granted" for a lease that was dead when it committed. A
+-- renewal's FOR NO KEY UPDATE is waited for too, for as long as its short transaction.
+-- $1 keepalive, $2 role (the calling role), $3 now (the call's clock)
+UPDATE lockext.keepalives AS k
+   SET ended = true, expires_at = least(k.expires_at, $3)
+  FROM (SELECT keepalive, expires_at > $3 AS live
+          FROM lockext.keepalives
+         WHERE keepalive = $1
+           AND (holder_role = $2 OR pg_has_role($2, 'lockext_admin', 'USAGE'))
+           FOR UPDATE) AS c
+ WHERE k.keepalive = c.keepalive
+RETURNING k.keepalive, c.live
