@@ -5,12 +5,13 @@
 //! - `fenced_update` stores a JSON document for the resource (the article's resource);
 //! - `lockext.fence` (sql/fence.sql) checks and records the token inside the caller's own
 //!   transaction, so any write to any table in that transaction is fenced with it;
-//! - `lockext.fence_guard` (sql/fence.sql), a trigger keeping a fence per row of a user
-//!   table, whose writes without a token in the row use the one `declare_token` recorded.
+//! - `lockext.fence_guard` (here: `lockext_fence_guard`), a trigger keeping a fence per
+//!   row of a user table, whose writes without a token in the row use the one
+//!   `declare_token` recorded.
 //!
 //! Readers check with `fence_read_check`. The SQL wrappers raise the stale-token error
 //! themselves, with lockext's own SQLSTATE 55L01, which pgrx cannot carry through a Rust
-//! function.
+//! function; the trigger raises it from its own entry point (`throw`).
 
 use std::cell::{Cell, RefCell};
 use std::ffi::{c_char, CStr};
