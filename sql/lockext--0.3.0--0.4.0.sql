@@ -3,118 +3,14 @@
 \echo Use "ALTER EXTENSION lockext UPDATE TO '0.4.0'" to load this file. \quit
 
 -- ---- fence_guard: an UPDATE that names the token column carries its token -------------
--- lockext.fence_guard becomes a C trigger that reads which columns the UPDATE names
--- (tg_updatedcols) and runs its body, lockext.fence_guard_row (PL/pgSQL, as the trigger
--- was), as the same trigger call. Replaced in place: the triggers that use it keep it.
-CREATE FUNCTION lockext."token_column_named"() RETURNS bool /* Option < bool > */
-STRICT VOLATILE PARALLEL UNSAFE
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'token_column_named_wrapper';
-
--- fence_guard's body; a trigger only lockext.fence_guard runs (alone it would take every
--- UPDATE as one that leaves the token column out).
--- Runs with the writer's rights (a trigger running as the extension's owner would run the
--- table's own type output functions with those rights).
-CREATE FUNCTION lockext.fence_guard_row() RETURNS trigger
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-    -- Asked first: the answer is for this trigger call only.
-    named     boolean := lockext.token_column_named();
-    col       text;
-    row_now   jsonb;
-    writer    bigint;
-    old_token bigint;
-BEGIN
-    -- The writer needs lockext_user, which lockext's functions below would check too; said
-    -- here, the error names the table instead of one of them.
-    IF NOT pg_has_role('lockext_user', 'USAGE') THEN
-        RAISE EXCEPTION 'permission denied to write %.%, which lockext.fence_guard guards', TG_TABLE_SCHEMA, TG_TABLE_NAME
-            USING ERRCODE = '42501',
-                  DETAIL = format('Role "%s" does not have the privileges of role lockext_user.', current_user),
-                  HINT = format('An administrator grants them with: GRANT lockext_user TO %s;', quote_ident(current_user));
-    END IF;
-    IF TG_WHEN <> 'BEFORE' OR TG_LEVEL <> 'ROW' THEN
-        RAISE EXCEPTION 'lockext.fence_guard must be a BEFORE INSERT OR UPDATE OR DELETE ... FOR EACH ROW trigger'
-            USING ERRCODE = '39P01',
-                  HINT = format('CREATE TRIGGER ... BEFORE INSERT OR UPDATE OR DELETE ON %I.%I FOR EACH ROW EXECUTE FUNCTION lockext.fence_guard(''fence_token'')',
-                                TG_TABLE_SCHEMA, TG_TABLE_NAME);
-    END IF;
-    IF TG_NARGS NOT IN (1, 2) THEN
-        RAISE EXCEPTION 'lockext.fence_guard takes the name of the token column, and optionally a resource id'
-            USING ERRCODE = '22023',
-                  HINT = 'EXECUTE FUNCTION lockext.fence_guard(''fence_token'') or lockext.fence_guard(''fence_token'', ''resource id'')';
-    END IF;
-    col := TG_ARGV[0];
-    row_now := to_jsonb(CASE WHEN TG_OP = 'DELETE' THEN OLD ELSE NEW END);
-    IF NOT row_now ? col THEN
-        RAISE EXCEPTION 'table %.% has no column "%" for lockext.fence_guard', TG_TABLE_SCHEMA, TG_TABLE_NAME, col
-            USING ERRCODE = '42703',
-                  HINT = format('Add it (ALTER TABLE %I.%I ADD COLUMN %I bigint), or name the table''s token column in the trigger''s first argument.',
-                                TG_TABLE_SCHEMA, TG_TABLE_NAME, col);
-    END IF;
-    IF jsonb_typeof(row_now -> col) NOT IN ('number', 'null') THEN
-        RAISE EXCEPTION 'column "%" of %.% must hold fence tokens (bigint)', col, TG_TABLE_SCHEMA, TG_TABLE_NAME
-            USING ERRCODE = '42804',
-                  HINT = 'Name a bigint column in the trigger''s first argument: it holds the fence token of the row''s writer.';
-    END IF;
-    IF TG_OP = 'UPDATE' AND named IS NULL THEN
-        RAISE EXCEPTION 'lockext.fence_guard_row runs only as the body of lockext.fence_guard'
-            USING ERRCODE = '39P01',
-                  HINT = format('CREATE TRIGGER ... BEFORE INSERT OR UPDATE OR DELETE ON %I.%I FOR EACH ROW EXECUTE FUNCTION lockext.fence_guard(%L)',
-                                TG_TABLE_SCHEMA, TG_TABLE_NAME, col);
-    END IF;
-    IF TG_OP <> 'INSERT' THEN
-        old_token := (to_jsonb(OLD) ->> col)::bigint;
-    END IF;
-    IF TG_OP = 'INSERT' OR (TG_OP = 'UPDATE' AND (coalesce(named, false)
-                                                  OR (row_now ->> col)::bigint IS DISTINCT FROM old_token)) THEN
-        writer := (row_now ->> col)::bigint;
-        IF writer IS NULL THEN
-            RAISE EXCEPTION 'a row of %.% must carry a fence token in "%"', TG_TABLE_SCHEMA, TG_TABLE_NAME, col
-                USING ERRCODE = '22004',
-                      HINT = CASE TG_OP
-                             WHEN 'INSERT' THEN format('Set "%s" to the lock holder''s fence token (the one lock_acquire returned).', col)
-                             ELSE format('Set "%s" to the lock holder''s fence token (the one lock_acquire returned), or leave it out of the UPDATE and declare the token first: SELECT lockext.declare_token(<token>).', col)
-                             END;
-        END IF;
-    ELSE
-        writer := lockext.declared_token();
-        IF writer IS NULL THEN
-            RAISE EXCEPTION '% must declare the writer''s fence token',
-                            CASE TG_OP WHEN 'DELETE' THEN format('a DELETE on %s.%s', TG_TABLE_SCHEMA, TG_TABLE_NAME)
-                                       ELSE format('an UPDATE on %s.%s that leaves "%s" out of its SET list',
-                                                   TG_TABLE_SCHEMA, TG_TABLE_NAME, col) END
-                USING ERRCODE = '22004',
-                      DETAIL = 'The row carries no token of its writer: without one, a holder whose lease was lost could write over a newer holder''s row.',
-                      HINT = CASE TG_OP
-                             WHEN 'DELETE' THEN 'SELECT lockext.declare_token(<token>) first, in the same transaction and as the same role.'
-                             ELSE format('SELECT lockext.declare_token(<token>) first, in the same transaction and as the same role, or SET "%s" = <token> in the UPDATE.', col)
-                             END;
-        END IF;
-    END IF;
-    -- Declares the writer's token (refusing one never issued): this transaction's later
-    -- writes by this role that carry none of their own (a DELETE, a row moved to another
-    -- partition) use it. A refusal is counted in lockext.stats.
-    IF NOT lockext.fence_row(writer, old_token) THEN
-        RAISE EXCEPTION 'fence token % is stale for this row of %.%', writer, TG_TABLE_SCHEMA, TG_TABLE_NAME
-            USING ERRCODE = '55L01',
-                  DETAIL = format('The row was written with fence token %s.', old_token),
-                  HINT = 'This client''s lease was lost: stop, and acquire the lock again.';
-    END IF;
-    IF TG_NARGS = 2 THEN
-        PERFORM lockext.fence(TG_ARGV[1], writer);
-    END IF;
-    IF TG_OP = 'DELETE' THEN
-        RETURN OLD;
-    END IF;
-    IF writer IS DISTINCT FROM (row_now ->> col)::bigint THEN
-        NEW := jsonb_populate_record(NEW, jsonb_build_object(col, writer));
-    END IF;
-    RETURN NEW;
-END $$;
-
+-- lockext.fence_guard becomes a trigger in Rust (src/fence.rs): it reads which columns the
+-- UPDATE names (tg_updatedcols), which the PL/pgSQL trigger could not, and the token column
+-- of the rows by its number, instead of converting each row to jsonb. Its checks and errors
+-- are the PL/pgSQL trigger's, but for the token column's type, now checked on the column
+-- (bigint, integer, smallint, or a domain over one of them) rather than on the row's value.
+-- Replaced in place: the triggers that use it keep it.
 CREATE OR REPLACE FUNCTION lockext.fence_guard() RETURNS trigger
-LANGUAGE c AS 'MODULE_PATHNAME', 'lockext_fence_guard';
+LANGUAGE c SET search_path = pg_catalog, pg_temp AS 'MODULE_PATHNAME', 'lockext_fence_guard';
 
 
 -- ---- token history: the ledger -------------------------------------------------------

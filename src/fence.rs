@@ -5,23 +5,24 @@
 //! - `fenced_update` stores a JSON document for the resource (the article's resource);
 //! - `lockext.fence` (sql/fence.sql) checks and records the token inside the caller's own
 //!   transaction, so any write to any table in that transaction is fenced with it;
-//! - `lockext.fence_guard` (sql/fence.sql), a trigger keeping a fence per row of a user
-//!   table, whose writes without a token in the row use the one `declare_token` recorded.
+//! - `lockext.fence_guard` (here: `lockext_fence_guard`), a trigger keeping a fence per
+//!   row of a user table, whose writes without a token in the row use the one
+//!   `declare_token` recorded.
 //!
 //! Readers check with `fence_read_check`. The SQL wrappers raise the stale-token error
 //! themselves, with lockext's own SQLSTATE 55L01, which pgrx cannot carry through a Rust
-//! function.
+//! function; the trigger raises it from its own entry point (`throw`).
 
 use std::cell::{Cell, RefCell};
-use std::ffi::CStr;
+use std::ffi::{c_char, CStr};
 
-use pgrx::pg_sys::panic::ErrorReport;
-use pgrx::pg_sys::{self, BuiltinOid::*};
+use pgrx::pg_sys::{self, BuiltinOid::*, PgOid};
 use pgrx::prelude::*;
 use pgrx::{register_subxact_callback, PgSqlErrorCode, PgSubXactCallbackEvent};
 
 use crate::backend;
 use crate::caller::{self, Needs};
+use crate::catalog;
 use crate::error::{self, LockError, OrReport};
 use crate::statements::{first_named, Args, Statement};
 use crate::stats::{self, Counter};
@@ -175,7 +176,11 @@ fn declare_token(fence_token: Option<i64>) {
 #[search_path(pg_catalog, pg_temp)]
 fn declared_token() -> Option<i64> {
     caller::require(Needs::User).or_report();
-    let role = backend::current_user();
+    declared_by(backend::current_user())
+}
+
+/// The token `role` declared in this transaction, if any (its newest declaration).
+fn declared_by(role: pg_sys::Oid) -> Option<i64> {
     with_declared(|declared| {
         declared
             .iter()
@@ -194,40 +199,46 @@ fn declared_token() -> Option<i64> {
 #[search_path(pg_catalog, pg_temp)]
 fn fence_row(fence_token: Option<i64>, row_token: Option<i64>) -> bool {
     caller::require(Needs::User)
-        .and_then(|()| declare(fence_token))
-        .map(|()| match (fence_token, row_token) {
-            (Some(writer), Some(row)) if writer < row => {
-                stats::count(Counter::FenceStale);
-                false
-            }
-            _ => true,
-        })
+        .and_then(|()| row_accepts(fence_token, row_token))
         .or_report()
 }
 
-thread_local! {
-    // Whether the UPDATE that fired fence_guard names the token column in its SET list,
-    // for the trigger's body to read once (`token_column_named`); None outside an UPDATE.
-    static NAMED: Cell<Option<bool>> = const { Cell::new(None) };
+/// fence_row's check, for a caller whose privileges were checked.
+fn row_accepts(fence_token: Option<i64>, row_token: Option<i64>) -> Result<bool, LockError> {
+    declare(fence_token)?;
+    Ok(match (fence_token, row_token) {
+        (Some(writer), Some(row)) if writer < row => {
+            stats::count(Counter::FenceStale);
+            false
+        }
+        _ => true,
+    })
 }
 
-/// fence_guard's body (`lockext.fence_guard_row`, sql/fence.sql) asks, first thing, whether
-/// the UPDATE that fired it names the token column in its SET list: true, false, or NULL
-/// when it was not fired through `lockext.fence_guard` by an UPDATE. Answers once (a
-/// second call says NULL). Reveals nothing of anyone else's, so PUBLIC's.
-#[pg_extern(volatile, parallel_unsafe)]
-fn token_column_named() -> Option<bool> {
-    NAMED.take()
-}
+// ---- lockext.fence_guard, the trigger ------------------------------------------------
 
-/// `lockext.fence_guard`, the trigger: learns from PostgreSQL which columns the UPDATE
-/// names (`TriggerData.tg_updatedcols`, which a PL/pgSQL trigger cannot see), so that
-/// `SET fence_token = <the row's own token>` counts as the writer's token, then runs the
-/// body, `lockext.fence_guard_row`, as the same trigger call. Not a pgrx function: the
-/// body raises lockext's own SQLSTATE 55L01, which must reach the client as it is, and a
-/// pgrx boundary would turn any SQLSTATE it does not know into XX000. So nothing here has a
-/// destructor: an ERROR of the body passes through this frame as PostgreSQL's own
-/// longjmp, and the setup that may fail runs in `prepare_guard`, a guarded function.
+// The lock a resource is bound to, for the detail of a refusal.
+static RESOURCE_LOCK: Named = Named {
+    sql: include_str!("../sql/run/fence/resource_lock.sql"),
+    params: &[("resource_id", TEXTOID)],
+};
+
+/// `lockext.fence_guard`, the trigger (what it checks: sql/fence.sql). All of it in Rust,
+/// on the rows as PostgreSQL hands them over: which columns the UPDATE names
+/// (`TriggerData.tg_updatedcols`, which a PL/pgSQL trigger cannot see), the token column of
+/// OLD and NEW read by its attribute number, and the writer's token written into NEW with
+/// `heap_modify_tuple_by_cols`. No row is converted into anything, so no type's output or
+/// input function runs. The trigger is not SECURITY DEFINER: it runs with the writer's
+/// rights (a domain's constraints on the token column too), search_path pinned by its SET
+/// clause (sql/fence.sql); lockext's own table work runs as the tables' owner, inside
+/// `declare` and `fence_only`, as for every other caller of them.
+///
+/// Not a pgrx function: a stale writer is refused with lockext's own SQLSTATE 55L01, which
+/// must reach the client as it is, and a pgrx boundary turns any SQLSTATE it does not know
+/// into XX000. So the work runs in `guard`, a guarded function that returns the row or the
+/// refusal (an error of lockext's functions it calls, whose codes pgrx knows, is raised at
+/// guard's boundary), and this frame raises a refusal itself (`throw`). Nothing here has a
+/// destructor: PostgreSQL's longjmp passes through it.
 ///
 /// # Safety
 /// Called by PostgreSQL's function manager only, with a valid `fcinfo`.
@@ -235,20 +246,13 @@ fn token_column_named() -> Option<bool> {
 pub unsafe extern "C-unwind" fn lockext_fence_guard(
     fcinfo: pg_sys::FunctionCallInfo,
 ) -> pg_sys::Datum {
+    let mut outcome = Outcome::Row(pg_sys::Datum::from(0));
     unsafe {
-        let mut body: pg_sys::FmgrInfo = std::mem::zeroed();
-        prepare_guard(fcinfo, &mut body);
-        let mut call: pg_sys::FunctionCallInfoBaseData = std::mem::zeroed();
-        call.flinfo = &mut body;
-        call.context = (*fcinfo).context;
-        call.fncollation = pg_sys::InvalidOid;
-        let Some(run) = body.fn_addr else {
-            return pg_sys::Datum::from(0);
-        };
-        let result = run(&mut call);
-        NAMED.set(None);
-        (*fcinfo).isnull = call.isnull;
-        result
+        guard(fcinfo, &mut outcome);
+        match outcome {
+            Outcome::Row(row) => row,
+            Outcome::Refuse(thrown) => throw(thrown),
+        }
     }
 }
 
@@ -259,70 +263,679 @@ pub extern "C" fn pg_finfo_lockext_fence_guard() -> &'static pg_sys::Pg_finfo_re
     &V1
 }
 
-/// What `lockext_fence_guard` does before the body runs: records whether the UPDATE names
-/// the token column (`NAMED`), and finds the body (by its qualified name: no search path).
-#[pg_guard]
-unsafe extern "C-unwind" fn prepare_guard(
-    fcinfo: pg_sys::FunctionCallInfo,
-    body: *mut pg_sys::FmgrInfo,
-) {
+/// How a trigger call ends. Plain data, no destructor: it crosses `guard`'s boundary.
+#[derive(Clone, Copy)]
+enum Outcome {
+    /// The row to write (a `HeapTuple`), or OLD for a DELETE.
+    Row(pg_sys::Datum),
+    Refuse(Thrown),
+}
+
+/// A refusal ready for `throw`: its SQLSTATE, and its texts palloc'd (NUL-terminated, in
+/// the database's encoding; detail and hint may be null).
+#[derive(Clone, Copy)]
+struct Thrown {
+    sqlstate: i32,
+    message: *mut c_char,
+    detail: *mut c_char,
+    hint: *mut c_char,
+}
+
+unsafe extern "C-unwind" {
+    // PostgreSQL's own, called directly: pg_sys's wrapper of it would catch the longjmp
+    // it makes and hand it back to Rust, here where nothing may unwind.
+    #[link_name = "ThrowErrorData"]
+    fn throw_error_data(edata: *mut pg_sys::ErrorData);
+}
+
+/// Raises `thrown` as an ERROR with its own SQLSTATE (ThrowErrorData copies the texts).
+unsafe fn throw(thrown: Thrown) -> ! {
     unsafe {
-        NAMED.set(update_names_token_column(fcinfo));
-        let name = |part: &CStr| pg_sys::makeString(pg_sys::pstrdup(part.as_ptr())).cast();
-        let names = pg_sys::lappend(
-            pg_sys::lappend(std::ptr::null_mut(), name(c"lockext")),
-            name(c"fence_guard_row"),
-        );
-        let oid = pg_sys::LookupFuncName(names, 0, std::ptr::null(), true);
-        if oid == pg_sys::InvalidOid {
-            NAMED.set(None);
-            // Only a hand-made change to lockext's own objects gets here.
-            ErrorReport::new(
-                PgSqlErrorCode::ERRCODE_UNDEFINED_FUNCTION,
-                "function lockext.fence_guard_row() does not exist",
-                "lockext",
-            )
-            .set_hint("Create the extension again: lockext.fence_guard runs it.")
-            .report(PgLogLevel::ERROR);
-        }
-        pg_sys::fmgr_info(oid, body);
+        let mut edata: pg_sys::ErrorData = std::mem::zeroed();
+        edata.elevel = PgLogLevel::ERROR as i32;
+        edata.sqlerrcode = thrown.sqlstate;
+        edata.message = thrown.message;
+        edata.detail = thrown.detail;
+        edata.hint = thrown.hint;
+        edata.filename = c"fence.rs".as_ptr();
+        edata.lineno = line!() as i32;
+        edata.funcname = c"lockext_fence_guard".as_ptr();
+        throw_error_data(&mut edata);
+    }
+    // An ERROR never returns.
+    std::process::abort()
+}
+
+/// `lockext_fence_guard`'s work, in a guarded function: writes the row to return or the
+/// refusal to raise into `outcome`.
+#[pg_guard]
+unsafe extern "C-unwind" fn guard(fcinfo: pg_sys::FunctionCallInfo, outcome: *mut Outcome) {
+    unsafe {
+        let result = match Call::of(fcinfo) {
+            Some(call) => guard_row(&call),
+            None => Err(Refusal::new(
+                PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
+                b"trigger functions can only be called as triggers".to_vec(),
+            )),
+        };
+        *outcome = match result {
+            Ok(row) => Outcome::Row(row),
+            Err(refusal) => Outcome::Refuse(refusal.palloc()),
+        };
     }
 }
 
-/// Whether the UPDATE that fired this trigger call names the column that the trigger's
-/// first argument names; None for anything else (the body reports a misuse itself).
-unsafe fn update_names_token_column(fcinfo: pg_sys::FunctionCallInfo) -> Option<bool> {
-    unsafe {
-        let context = (*fcinfo).context;
-        if context.is_null() || (*context).type_ != pg_sys::NodeTag::T_TriggerData {
-            return None;
-        }
-        let data = context.cast::<pg_sys::TriggerData>();
-        if (*data).tg_event & pg_sys::TRIGGER_EVENT_OPMASK != pg_sys::TRIGGER_EVENT_UPDATE {
-            return None;
-        }
-        let trigger = (*data).tg_trigger;
-        if trigger.is_null() || (*trigger).tgnargs < 1 || (*trigger).tgargs.is_null() {
-            return None;
-        }
-        let attnum = pg_sys::SPI_fnumber((*(*data).tg_relation).rd_att, *(*trigger).tgargs);
-        if attnum <= 0 {
-            return None;
-        }
-        Some(pg_sys::bms_is_member(
-            attnum - pg_sys::FirstLowInvalidHeapAttributeNumber,
-            (*data).tg_updatedcols,
-        ))
+/// An error the trigger raises itself, texts in the database's encoding (names of tables
+/// and columns are, and go in as they are).
+struct Refusal {
+    sqlstate: i32,
+    message: Vec<u8>,
+    detail: Option<Vec<u8>>,
+    hint: Option<Vec<u8>>,
+}
+
+/// lockext's own SQLSTATE for a stale token (docs/errors.md).
+const STALE_TOKEN: i32 = sqlstate(*b"55L01");
+
+/// PostgreSQL's encoding of a SQLSTATE (MAKE_SQLSTATE).
+const fn sqlstate(code: [u8; 5]) -> i32 {
+    let mut value = 0;
+    let mut i = 0;
+    while i < 5 {
+        value |= ((code[i].wrapping_sub(b'0') & 0x3F) as i32) << (6 * i);
+        i += 1;
     }
+    value
+}
+
+const STALE_HINT: &[u8] = b"This client's lease was lost: stop, and acquire the lock again.";
+
+impl Refusal {
+    fn new(code: PgSqlErrorCode, message: Vec<u8>) -> Refusal {
+        Refusal {
+            sqlstate: code as i32,
+            message,
+            detail: None,
+            hint: None,
+        }
+    }
+
+    fn stale(message: Vec<u8>, detail: Vec<u8>) -> Refusal {
+        Refusal {
+            sqlstate: STALE_TOKEN,
+            message,
+            detail: Some(detail),
+            hint: Some(STALE_HINT.to_vec()),
+        }
+    }
+
+    fn detail(mut self, detail: Vec<u8>) -> Refusal {
+        self.detail = Some(detail);
+        self
+    }
+
+    fn hint(mut self, hint: Vec<u8>) -> Refusal {
+        self.hint = Some(hint);
+        self
+    }
+
+    /// The same, its texts copied into the current memory context for `throw`.
+    fn palloc(&self) -> Thrown {
+        Thrown {
+            sqlstate: self.sqlstate,
+            message: palloc_text(&self.message),
+            detail: self
+                .detail
+                .as_deref()
+                .map_or(std::ptr::null_mut(), palloc_text),
+            hint: self
+                .hint
+                .as_deref()
+                .map_or(std::ptr::null_mut(), palloc_text),
+        }
+    }
+}
+
+/// `bytes` as a NUL-terminated string in the current memory context (a NUL inside, which
+/// no name or number has, would end it early).
+fn palloc_text(bytes: &[u8]) -> *mut c_char {
+    unsafe {
+        let text = pg_sys::palloc(bytes.len() + 1).cast::<u8>();
+        std::ptr::copy_nonoverlapping(bytes.as_ptr(), text, bytes.len());
+        *text.add(bytes.len()) = 0;
+        text.cast()
+    }
+}
+
+/// What fired the trigger.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Op {
+    Insert,
+    Update,
+    Delete,
+    Truncate,
+}
+
+/// One call of the trigger: PostgreSQL's `TriggerData`, valid for the call.
+struct Call {
+    data: *const pg_sys::TriggerData,
+}
+
+impl Call {
+    /// The call's trigger data; None when the function was not called as a trigger.
+    fn of(fcinfo: pg_sys::FunctionCallInfo) -> Option<Call> {
+        unsafe {
+            let context = (*fcinfo).context;
+            if context.is_null() || (*context).type_ != pg_sys::NodeTag::T_TriggerData {
+                return None;
+            }
+            Some(Call {
+                data: context.cast(),
+            })
+        }
+    }
+
+    fn event(&self) -> u32 {
+        unsafe { (*self.data).tg_event }
+    }
+
+    fn op(&self) -> Op {
+        match self.event() & pg_sys::TRIGGER_EVENT_OPMASK {
+            pg_sys::TRIGGER_EVENT_INSERT => Op::Insert,
+            pg_sys::TRIGGER_EVENT_UPDATE => Op::Update,
+            pg_sys::TRIGGER_EVENT_DELETE => Op::Delete,
+            _ => Op::Truncate,
+        }
+    }
+
+    /// Fired BEFORE the write, FOR EACH ROW.
+    fn before_row(&self) -> bool {
+        let event = self.event();
+        event & pg_sys::TRIGGER_EVENT_TIMINGMASK == pg_sys::TRIGGER_EVENT_BEFORE
+            && event & pg_sys::TRIGGER_EVENT_ROW != 0
+    }
+
+    /// The trigger's arguments (`TG_ARGV`), each a C string in the database's encoding.
+    fn args(&self) -> &[*mut c_char] {
+        unsafe {
+            let trigger = (*self.data).tg_trigger;
+            if trigger.is_null() || (*trigger).tgnargs <= 0 || (*trigger).tgargs.is_null() {
+                return &[];
+            }
+            std::slice::from_raw_parts((*trigger).tgargs, (*trigger).tgnargs as usize)
+        }
+    }
+
+    fn arg(&self, at: usize) -> &[u8] {
+        unsafe { CStr::from_ptr(self.args()[at]).to_bytes() }
+    }
+
+    fn relation(&self) -> pg_sys::Relation {
+        unsafe { (*self.data).tg_relation }
+    }
+
+    fn tupdesc(&self) -> pg_sys::TupleDesc {
+        unsafe { (*self.relation()).rd_att }
+    }
+
+    /// The table's schema and name as `TG_TABLE_SCHEMA` and `TG_TABLE_NAME` give them, for
+    /// an error only.
+    fn schema(&self) -> Vec<u8> {
+        unsafe { palloced(pg_sys::SPI_getnspname(self.relation())) }
+    }
+
+    fn table(&self) -> Vec<u8> {
+        unsafe { palloced(pg_sys::SPI_getrelname(self.relation())) }
+    }
+
+    /// `schema.table`, as the messages name the table (`%.%`).
+    fn table_named(&self) -> Vec<u8> {
+        [self.schema(), b".".to_vec(), self.table()].concat()
+    }
+
+    /// `schema.table` with each quoted as an identifier if it must be (`%I.%I`).
+    fn table_quoted(&self) -> Vec<u8> {
+        [quoted(&self.schema()), b".".to_vec(), quoted(&self.table())].concat()
+    }
+
+    /// The attribute number of column `name` in the table (dropped columns do not count;
+    /// system columns, which no row value has, are refused as missing).
+    fn column(&self, name: &CStr) -> Option<i32> {
+        let attnum = unsafe { pg_sys::SPI_fnumber(self.tupdesc(), name.as_ptr()) };
+        (attnum > 0).then_some(attnum)
+    }
+
+    fn column_type(&self, attnum: i32) -> pg_sys::Oid {
+        unsafe { pg_sys::SPI_gettypeid(self.tupdesc(), attnum) }
+    }
+
+    /// OLD for an UPDATE or a DELETE, NEW for an INSERT (`tg_trigtuple`).
+    fn trigger_tuple(&self) -> pg_sys::HeapTuple {
+        unsafe { (*self.data).tg_trigtuple }
+    }
+
+    /// NEW for an UPDATE (`tg_newtuple`).
+    fn new_tuple(&self) -> pg_sys::HeapTuple {
+        unsafe { (*self.data).tg_newtuple }
+    }
+
+    /// Whether the UPDATE names column `attnum` in its SET list.
+    fn names(&self, attnum: i32) -> bool {
+        unsafe {
+            pg_sys::bms_is_member(
+                attnum - pg_sys::FirstLowInvalidHeapAttributeNumber,
+                (*self.data).tg_updatedcols,
+            )
+        }
+    }
+
+    /// The token in column `attnum` of `tuple` (NULL: None).
+    fn token(&self, tuple: pg_sys::HeapTuple, attnum: i32, width: Width) -> Option<i64> {
+        let mut isnull = false;
+        let value = unsafe { pg_sys::SPI_getbinval(tuple, self.tupdesc(), attnum, &mut isnull) };
+        (!isnull).then(|| width.token(value))
+    }
+
+    /// `tuple` with `value` in column `attnum`, in the current memory context (the
+    /// trigger call's, which the executor keeps until it has stored the row).
+    fn with_value(
+        &self,
+        tuple: pg_sys::HeapTuple,
+        attnum: i32,
+        value: pg_sys::Datum,
+    ) -> pg_sys::HeapTuple {
+        let mut columns = [attnum];
+        let mut values = [value];
+        let mut nulls = [false];
+        unsafe {
+            pg_sys::heap_modify_tuple_by_cols(
+                tuple,
+                self.tupdesc(),
+                1,
+                columns.as_mut_ptr(),
+                values.as_mut_ptr(),
+                nulls.as_mut_ptr(),
+            )
+        }
+    }
+}
+
+/// A copy of a palloc'd C string.
+unsafe fn palloced(text: *mut c_char) -> Vec<u8> {
+    if text.is_null() {
+        return Vec::new();
+    }
+    unsafe { CStr::from_ptr(text).to_bytes().to_vec() }
+}
+
+/// `name` quoted as an identifier if it must be, as `format('%I')` and `quote_ident` do.
+fn quoted(name: &[u8]) -> Vec<u8> {
+    let Ok(name) = std::ffi::CString::new(name) else {
+        return name.to_vec();
+    };
+    unsafe {
+        CStr::from_ptr(pg_sys::quote_identifier(name.as_ptr()))
+            .to_bytes()
+            .to_vec()
+    }
+}
+
+/// The integer types a token column may have (or a domain over one), read and written as
+/// PostgreSQL keeps them.
+#[derive(Clone, Copy)]
+enum Width {
+    Int8,
+    Int4,
+    Int2,
+}
+
+impl Width {
+    /// The width of a column of type `type_oid`, or None when it holds no fence tokens.
+    fn of(type_oid: pg_sys::Oid) -> Option<(Width, bool)> {
+        let width = |oid| match oid {
+            INT8OID => Some(Width::Int8),
+            INT4OID => Some(Width::Int4),
+            INT2OID => Some(Width::Int2),
+            _ => None,
+        };
+        let oid = PgOid::from(type_oid);
+        if let PgOid::BuiltIn(builtin) = oid {
+            if let Some(w) = width(builtin) {
+                return Some((w, false));
+            }
+        }
+        // A domain over one of them.
+        let base = unsafe { pg_sys::getBaseType(type_oid) };
+        if base == type_oid {
+            return None;
+        }
+        match PgOid::from(base) {
+            PgOid::BuiltIn(builtin) => width(builtin).map(|w| (w, true)),
+            _ => None,
+        }
+    }
+
+    fn token(self, value: pg_sys::Datum) -> i64 {
+        match self {
+            Width::Int8 => value.value() as i64,
+            Width::Int4 => i64::from(value.value() as i32),
+            Width::Int2 => i64::from(value.value() as i16),
+        }
+    }
+
+    /// `token` as a value of this width, or the error of a value out of its range.
+    fn datum(self, token: i64) -> Result<pg_sys::Datum, Refusal> {
+        let (fits, name) = match self {
+            Width::Int8 => (true, "bigint"),
+            Width::Int4 => (i32::try_from(token).is_ok(), "integer"),
+            Width::Int2 => (i16::try_from(token).is_ok(), "smallint"),
+        };
+        if !fits {
+            // What the type's input function says of it (as jsonb_populate_record, which
+            // 0.3.0's trigger wrote the token with, raised it).
+            return Err(Refusal::new(
+                PgSqlErrorCode::ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE,
+                format!("value \"{token}\" is out of range for type {name}").into_bytes(),
+            ));
+        }
+        Ok(pg_sys::Datum::from(token))
+    }
+}
+
+/// The trigger's checks, in the order 0.3.0's PL/pgSQL body made them, with its errors
+/// word for word; the row to return, or the refusal.
+fn guard_row(call: &Call) -> Result<pg_sys::Datum, Refusal> {
+    // The writer needs lockext_user, which declare and fence_only would check too; said
+    // here, the error names the table instead of one of them.
+    let user = backend::current_user();
+    if !catalog::has_privileges_of_named(user, c"lockext_user") {
+        let name = unsafe { palloced(pg_sys::GetUserNameFromId(user, false)) };
+        return Err(Refusal::new(
+            PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
+            [
+                b"permission denied to write ".as_slice(),
+                &call.table_named(),
+                b", which lockext.fence_guard guards",
+            ]
+            .concat(),
+        )
+        .detail(
+            [
+                b"Role \"".as_slice(),
+                &name,
+                b"\" does not have the privileges of role lockext_user.",
+            ]
+            .concat(),
+        )
+        .hint(
+            [
+                b"An administrator grants them with: GRANT lockext_user TO ".as_slice(),
+                &quoted(&name),
+                b";",
+            ]
+            .concat(),
+        ));
+    }
+    if !call.before_row() {
+        return Err(Refusal::new(
+            PgSqlErrorCode::ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED,
+            b"lockext.fence_guard must be a BEFORE INSERT OR UPDATE OR DELETE ... FOR EACH ROW trigger"
+                .to_vec(),
+        )
+        .hint(
+            [
+                b"CREATE TRIGGER ... BEFORE INSERT OR UPDATE OR DELETE ON ".as_slice(),
+                &call.table_quoted(),
+                b" FOR EACH ROW EXECUTE FUNCTION lockext.fence_guard('fence_token')",
+            ]
+            .concat(),
+        ));
+    }
+    let args = call.args();
+    if args.len() != 1 && args.len() != 2 {
+        return Err(Refusal::new(
+            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+            b"lockext.fence_guard takes the name of the token column, and optionally a resource id"
+                .to_vec(),
+        )
+        .hint(
+            b"EXECUTE FUNCTION lockext.fence_guard('fence_token') or \
+              lockext.fence_guard('fence_token', 'resource id')"
+                .to_vec(),
+        ));
+    }
+    let column_name = unsafe { CStr::from_ptr(args[0]) };
+    let column = column_name.to_bytes();
+    let Some(attnum) = call.column(column_name) else {
+        return Err(Refusal::new(
+            PgSqlErrorCode::ERRCODE_UNDEFINED_COLUMN,
+            [
+                b"table ".as_slice(),
+                &call.table_named(),
+                b" has no column \"",
+                column,
+                b"\" for lockext.fence_guard",
+            ]
+            .concat(),
+        )
+        .hint(
+            [
+                b"Add it (ALTER TABLE ".as_slice(),
+                &call.table_quoted(),
+                b" ADD COLUMN ",
+                &quoted(column),
+                b" bigint), or name the table's token column in the trigger's first argument.",
+            ]
+            .concat(),
+        ));
+    };
+    let column_type = call.column_type(attnum);
+    let Some((width, domain)) = Width::of(column_type) else {
+        return Err(Refusal::new(
+            PgSqlErrorCode::ERRCODE_DATATYPE_MISMATCH,
+            [
+                b"column \"".as_slice(),
+                column,
+                b"\" of ",
+                &call.table_named(),
+                b" must hold fence tokens (bigint)",
+            ]
+            .concat(),
+        )
+        .hint(
+            b"Name a bigint column in the trigger's first argument: it holds the fence token \
+              of the row's writer."
+                .to_vec(),
+        ));
+    };
+    let op = call.op();
+    // The row as it will be written (NEW), and the row as it was (OLD): tg_trigtuple is NEW
+    // for an INSERT, OLD otherwise.
+    let (new_row, old_row) = match op {
+        Op::Insert => (Some(call.trigger_tuple()), None),
+        Op::Update => (Some(call.new_tuple()), Some(call.trigger_tuple())),
+        Op::Delete | Op::Truncate => (None, Some(call.trigger_tuple())),
+    };
+    let new_token = new_row.and_then(|row| call.token(row, attnum, width));
+    let old_token = old_row.and_then(|row| call.token(row, attnum, width));
+    let carries = match op {
+        Op::Insert => true,
+        // An UPDATE that names the column carries the token it sets, even the row's own.
+        Op::Update => call.names(attnum) || new_token != old_token,
+        Op::Delete | Op::Truncate => false,
+    };
+    let writer = if carries {
+        new_token.ok_or_else(|| {
+            let mut hint = [
+                b"Set \"".as_slice(),
+                column,
+                b"\" to the lock holder's fence token (the one lock_acquire returned)",
+            ]
+            .concat();
+            hint.extend_from_slice(if op == Op::Insert {
+                b"."
+            } else {
+                b", or leave it out of the UPDATE and declare the token first: \
+                  SELECT lockext.declare_token(<token>)."
+            });
+            Refusal::new(
+                PgSqlErrorCode::ERRCODE_NULL_VALUE_NOT_ALLOWED,
+                [
+                    b"a row of ".as_slice(),
+                    &call.table_named(),
+                    b" must carry a fence token in \"",
+                    column,
+                    b"\"",
+                ]
+                .concat(),
+            )
+            .hint(hint)
+        })?
+    } else {
+        declared_by(user).ok_or_else(|| {
+            let (message, hint) = if op == Op::Delete {
+                (
+                    [b"a DELETE on ".as_slice(), &call.table_named()].concat(),
+                    b"SELECT lockext.declare_token(<token>) first, in the same transaction and \
+                      as the same role."
+                        .to_vec(),
+                )
+            } else {
+                (
+                    [
+                        b"an UPDATE on ".as_slice(),
+                        &call.table_named(),
+                        b" that leaves \"",
+                        column,
+                        b"\" out of its SET list",
+                    ]
+                    .concat(),
+                    [
+                        b"SELECT lockext.declare_token(<token>) first, in the same transaction \
+                          and as the same role, or SET \""
+                            .as_slice(),
+                        column,
+                        b"\" = <token> in the UPDATE.",
+                    ]
+                    .concat(),
+                )
+            };
+            Refusal::new(
+                PgSqlErrorCode::ERRCODE_NULL_VALUE_NOT_ALLOWED,
+                [
+                    message.as_slice(),
+                    b" must declare the writer's fence token",
+                ]
+                .concat(),
+            )
+            .detail(
+                b"The row carries no token of its writer: without one, a holder whose lease \
+                  was lost could write over a newer holder's row."
+                    .to_vec(),
+            )
+            .hint(hint)
+        })?
+    };
+    // Declares the writer's token (refusing one never issued): this transaction's later
+    // writes by this role that carry none of their own (a DELETE, a row moved to another
+    // partition) use it. A refusal is counted in lockext.stats.
+    if !row_accepts(Some(writer), old_token).or_report() {
+        return Err(Refusal::stale(
+            [
+                format!("fence token {writer} is stale for this row of ").as_bytes(),
+                &call.table_named(),
+            ]
+            .concat(),
+            format!(
+                "The row was written with fence token {}.",
+                old_token.unwrap_or_default()
+            )
+            .into_bytes(),
+        ));
+    }
+    if args.len() == 2 {
+        fence_resource(Text::new(call.arg(1)), writer)?;
+    }
+    Ok(match (op, new_row) {
+        (Op::Insert | Op::Update, Some(row)) if new_token != Some(writer) => {
+            // A declared token newer than the row's is written into the row, checked as the
+            // column's type checks a value: its range, and a domain's constraints.
+            let value = width.datum(writer)?;
+            if domain {
+                unsafe {
+                    pg_sys::domain_check(
+                        value,
+                        false,
+                        column_type,
+                        std::ptr::null_mut(),
+                        std::ptr::null_mut(),
+                    )
+                };
+            }
+            pg_sys::Datum::from(call.with_value(row, attnum, value))
+        }
+        (_, Some(row)) => pg_sys::Datum::from(row),
+        (_, None) => pg_sys::Datum::from(call.trigger_tuple()),
+    })
+}
+
+/// `lockext.fence(resource_id, writer)`, for a trigger with a resource id: the same check,
+/// and the same refusal.
+fn fence_resource(resource_id: Text<'_>, writer: i64) -> Result<(), Refusal> {
+    // The caller's privileges were checked (guard_row's first check): the owner's part.
+    let Some(newer) = caller::as_owner(|| fence_only(Some(resource_id), Some(writer))).or_report()
+    else {
+        return Ok(());
+    };
+    let detail = if newer > writer {
+        format!("A holder with fence token {newer} has written since.").into_bytes()
+    } else {
+        let lock = caller::as_owner(|| {
+            Spi::connect_mut(|client| {
+                let rows =
+                    RESOURCE_LOCK.run(client, Args::new().set("resource_id", resource_id))?;
+                Ok(first_named::<TextBuf>(rows, "lock_id")?)
+            })
+        })
+        .or_report();
+        [
+            b"The resource is bound to lock \"".as_slice(),
+            lock.as_ref().map_or(&b""[..], |l| l.as_text().bytes()),
+            format!("\", and fence token {writer} is not its live grant held by this role.")
+                .as_bytes(),
+        ]
+        .concat()
+    };
+    Err(Refusal::stale(
+        [
+            format!("fence token {writer} is stale for resource \"").as_bytes(),
+            resource_id.bytes(),
+            b"\"",
+        ]
+        .concat(),
+        detail,
+    ))
 }
 
 fn declare(fence_token: Option<i64>) -> Result<(), LockError> {
     let fence_token = error::token("fence_token", fence_token)?;
     let role = backend::current_user();
+    let sub = backend::subtransaction();
+    // Already this role's newest declaration, made in this subtransaction: checked then,
+    // and declaring it again would change nothing (every write of a transaction that
+    // declared its token, or wrote with it, gets here).
+    if with_declared(|declared| {
+        declared
+            .iter()
+            .rev()
+            .find(|d| d.role == role)
+            .is_some_and(|d| d.sub == sub && d.token == fence_token)
+    }) {
+        return Ok(());
+    }
     // Reading the token sequence takes the tables' owner.
     caller::as_owner(|| Spi::connect_mut(|client| token::require_issued(client, fence_token)))?;
     watch_subtransactions();
-    let sub = backend::subtransaction();
     with_declared(|declared| {
         declared.retain(|d| !(d.role == role && d.sub == sub));
         declared.push(Declared {

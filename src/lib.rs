@@ -52,8 +52,7 @@ extension_sql_file!(
         fence::fence_read_check,
         fence::declare_token,
         fence::declared_token,
-        fence::fence_row,
-        fence::token_column_named
+        fence::fence_row
     ]
 );
 // lock_set_value, over the Rust function that stores the value.

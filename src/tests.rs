@@ -769,4 +769,63 @@ mod tests {
             .set("letter", "y");
         let _ = Spi::connect_mut(|client| JOIN.run(client, args).map(|rows| rows.len()));
     }
+
+    /// Every refusal of the fence_guard trigger reaches the client with its own SQLSTATE:
+    /// lockext's 55L01 too, which the trigger raises itself (a pgrx boundary would have
+    /// turned it into XX000). Rows are written with the trigger disabled, so that nothing
+    /// is declared before the UPDATE that must declare its token.
+    #[pg_test]
+    fn fence_guard_refusals_carry_their_sqlstates() {
+        let a = token_of("a@guard_sqlstates", "a", "1 minute").unwrap();
+        let b = token_of("b@guard_sqlstates", "b", "1 minute").unwrap();
+        Spi::run(&format!(
+            "CREATE TABLE gs (id int, v text, fence_token bigint);
+             CREATE TRIGGER gs_fence BEFORE INSERT OR UPDATE OR DELETE ON gs
+                 FOR EACH ROW EXECUTE FUNCTION lockext.fence_guard('fence_token');
+             CREATE TABLE gs_res (id int, fence_token bigint);
+             CREATE TRIGGER gs_res_fence BEFORE INSERT ON gs_res
+                 FOR EACH ROW EXECUTE FUNCTION lockext.fence_guard('fence_token', 'gs:res');
+             CREATE TABLE gs_missing (id int);
+             CREATE TRIGGER gs_missing_fence BEFORE INSERT ON gs_missing
+                 FOR EACH ROW EXECUTE FUNCTION lockext.fence_guard('fence_token');
+             CREATE TABLE gs_text (id int, fence_token text);
+             CREATE TRIGGER gs_text_fence BEFORE INSERT ON gs_text
+                 FOR EACH ROW EXECUTE FUNCTION lockext.fence_guard('fence_token');
+             CREATE TABLE gs_after (id int, fence_token bigint);
+             CREATE TRIGGER gs_after_fence AFTER INSERT ON gs_after
+                 FOR EACH ROW EXECUTE FUNCTION lockext.fence_guard('fence_token');
+             CREATE TABLE gs_noargs (id int, fence_token bigint);
+             CREATE TRIGGER gs_noargs_fence BEFORE INSERT ON gs_noargs
+                 FOR EACH ROW EXECUTE FUNCTION lockext.fence_guard();
+             ALTER TABLE gs DISABLE TRIGGER gs_fence;
+             INSERT INTO gs VALUES (1, 'b wrote it', {b});
+             ALTER TABLE gs ENABLE TRIGGER gs_fence;
+             SELECT lockext.fence('gs:res', {b});"
+        ))
+        .expect("tables");
+        let cases = [
+            ("UPDATE gs SET v = 'no token'".to_string(), "22004"),
+            ("DELETE FROM gs".to_string(), "22004"),
+            (
+                "INSERT INTO gs VALUES (2, 'null', NULL)".to_string(),
+                "22004",
+            ),
+            (format!("UPDATE gs SET fence_token = {a}"), "55L01"),
+            (format!("INSERT INTO gs_res VALUES (1, {a})"), "55L01"),
+            ("INSERT INTO gs VALUES (2, 'zero', 0)".to_string(), "22023"),
+            (
+                format!("INSERT INTO gs VALUES (2, 'forged', {})", b + 1_000_000),
+                "22023",
+            ),
+            ("INSERT INTO gs_missing VALUES (1)".to_string(), "42703"),
+            ("INSERT INTO gs_text VALUES (1, NULL)".to_string(), "42804"),
+            (format!("INSERT INTO gs_after VALUES (1, {b})"), "39P01"),
+            (format!("INSERT INTO gs_noargs VALUES (1, {b})"), "22023"),
+            ("SELECT lockext.fence_guard()".to_string(), "0A000"),
+            (format!("UPDATE gs SET fence_token = {b}"), "00000"),
+        ];
+        for (sql, state) in cases {
+            assert_eq!(sqlstate_of(&sql), state, "{sql}");
+        }
+    }
 }

@@ -179,14 +179,107 @@ CREATE TABLE noargs_t (id int, fence_token bigint);
 CREATE TRIGGER noargs_t_fence BEFORE INSERT ON noargs_t
     FOR EACH ROW EXECUTE FUNCTION lockext.fence_guard();
 INSERT INTO noargs_t VALUES (1, :b);
--- fence_guard's body, lockext.fence_guard_row, is no trigger of its own: alone it cannot
--- know which columns an UPDATE names.
-CREATE TABLE body_t (id int, fence_token bigint);
-INSERT INTO body_t VALUES (1, :b);
-CREATE TRIGGER body_t_fence BEFORE UPDATE ON body_t
-    FOR EACH ROW EXECUTE FUNCTION lockext.fence_guard_row('fence_token');
-UPDATE body_t SET fence_token = :b;
-SELECT lockext.token_column_named() AS named_outside_a_trigger;
+-- fence_guard is a trigger function: called alone, it says so.
+SELECT lockext.fence_guard();
+-- A system column is no token column.
+CREATE TABLE sysname_t (id int);
+CREATE TRIGGER sysname_t_fence BEFORE INSERT ON sysname_t
+    FOR EACH ROW EXECUTE FUNCTION lockext.fence_guard('ctid');
+INSERT INTO sysname_t VALUES (1);
+-- Names that must be quoted are quoted in the hints, as they are written in SQL.
+CREATE TABLE "Odd Jobs" (id int);
+CREATE TRIGGER odd_fence BEFORE INSERT ON "Odd Jobs"
+    FOR EACH ROW EXECUTE FUNCTION lockext.fence_guard('Fence Token');
+INSERT INTO "Odd Jobs" VALUES (1);
+-- The token column's type: bigint, integer or smallint, or a domain over one of them. Any
+-- other is refused whatever the row holds, NULL too (numeric, which can hold 1.5; text,
+-- which can hold '1'; jsonb, which can hold 1).
+CREATE DOMAIN token_d AS bigint CHECK (VALUE > 0);
+CREATE DOMAIN old_token_d AS bigint CHECK (VALUE <= :a);
+CREATE TABLE t_int (id int, fence_token integer);
+CREATE TABLE t_small (id int, fence_token smallint);
+CREATE TABLE t_domain (id int, fence_token token_d);
+CREATE TABLE t_old_domain (id int, fence_token old_token_d);
+CREATE TABLE t_numeric (id int, fence_token numeric);
+CREATE TABLE t_text (id int, fence_token text);
+CREATE TABLE t_jsonb (id int, fence_token jsonb);
+DO $$
+DECLARE t text;
+BEGIN
+    FOREACH t IN ARRAY ARRAY['t_int', 't_small', 't_domain', 't_old_domain', 't_numeric', 't_text', 't_jsonb'] LOOP
+        EXECUTE format('CREATE TRIGGER %I BEFORE INSERT OR UPDATE OR DELETE ON %I
+                        FOR EACH ROW EXECUTE FUNCTION lockext.fence_guard(''fence_token'')', t || '_fence', t);
+    END LOOP;
+END $$;
+INSERT INTO t_int VALUES (1, :a);
+INSERT INTO t_small VALUES (1, :a);
+INSERT INTO t_domain VALUES (1, :a);
+INSERT INTO t_old_domain VALUES (1, :a);
+-- A declared token is written into each of them, and read back as the token it is.
+BEGIN;
+SELECT lockext.declare_token(:b);
+UPDATE t_int SET id = 2;
+UPDATE t_small SET id = 2;
+UPDATE t_domain SET id = 2;
+COMMIT;
+SELECT 'integer' AS type, fence_token = :b AS holds_b FROM t_int
+UNION ALL SELECT 'smallint', fence_token = :b FROM t_small
+UNION ALL SELECT 'token_d', fence_token = :b FROM t_domain;
+UPDATE t_int SET fence_token = :a;
+UPDATE t_small SET fence_token = :a;
+-- The domain's constraints hold for the token the trigger writes.
+BEGIN;
+SELECT lockext.declare_token(:b);
+UPDATE t_old_domain SET id = 2;
+ROLLBACK;
+INSERT INTO t_numeric VALUES (1, :b);
+INSERT INTO t_text VALUES (1, NULL);
+INSERT INTO t_jsonb VALUES (1, to_jsonb(:b));
+-- The token column is found by its name, wherever it is: after dropped columns, and added
+-- after the rows with a default (rows then hold it without storing it).
+CREATE TABLE dropped_t (gone1 text, id int, gone2 int, state text);
+INSERT INTO dropped_t VALUES ('x', 1, 2, 'queued');
+ALTER TABLE dropped_t DROP COLUMN gone1, DROP COLUMN gone2;
+ALTER TABLE dropped_t ADD COLUMN fence_token bigint NOT NULL DEFAULT :a;
+CREATE TRIGGER dropped_t_fence BEFORE INSERT OR UPDATE OR DELETE ON dropped_t
+    FOR EACH ROW EXECUTE FUNCTION lockext.fence_guard('fence_token');
+UPDATE dropped_t SET state = 'stale', fence_token = :a - 1 WHERE id = 1;
+BEGIN;
+SELECT lockext.declare_token(:b);
+UPDATE dropped_t SET state = 'taken' WHERE id = 1;
+COMMIT;
+INSERT INTO dropped_t VALUES (2, 'new', :b);
+SELECT id, state, fence_token = :b AS holds_b FROM dropped_t ORDER BY id;
+-- A partition whose columns are numbered otherwise than its parent's (a dropped column
+-- before them): the UPDATE's SET list is read in the partition's numbers. Naming the
+-- token column, even with the row's own value, declares it; leaving it out does not.
+CREATE TABLE ppart (id int, state text, fence_token bigint) PARTITION BY RANGE (id);
+CREATE TABLE ppart_low (gone int, id int, state text, fence_token bigint);
+ALTER TABLE ppart_low DROP COLUMN gone;
+ALTER TABLE ppart ATTACH PARTITION ppart_low FOR VALUES FROM (0) TO (100);
+CREATE TABLE ppart_high PARTITION OF ppart FOR VALUES FROM (100) TO (200);
+CREATE TRIGGER ppart_fence BEFORE INSERT OR UPDATE OR DELETE ON ppart
+    FOR EACH ROW EXECUTE FUNCTION lockext.fence_guard('fence_token');
+SELECT attname, attnum FROM pg_attribute
+ WHERE attrelid IN ('ppart'::regclass, 'ppart_low'::regclass) AND attname = 'fence_token' ORDER BY attrelid;
+INSERT INTO ppart VALUES (10, 'queued', :a);
+UPDATE ppart SET state = 'no token' WHERE id = 10;
+BEGIN;
+UPDATE ppart SET state = 'own token', fence_token = :a WHERE id = 10;
+DELETE FROM ppart WHERE id = 10;   -- declared by the UPDATE
+ROLLBACK;
+-- Moved to the other partition: the token it carries counts for the DELETE from this one.
+UPDATE ppart SET id = 150, state = 'moved', fence_token = :b WHERE id = 10;
+-- And back, by an UPDATE that leaves the column out, with a declared token.
+BEGIN;
+SELECT lockext.declare_token(:b);
+UPDATE ppart SET id = 20, state = 'moved back' WHERE id = 150;
+COMMIT;
+SELECT tableoid::regclass, id, state, fence_token = :b AS holds_b FROM ppart;
+BEGIN;
+SELECT lockext.declare_token(:a);
+UPDATE ppart SET id = 160 WHERE id = 20;   -- a stale move is refused
+ROLLBACK;
 
 -- 3. lockext.lock_check(lock_id, fence_token): is that exact grant still live? With fence,
 --    a transaction can demand both the newest token and a live lease.
@@ -215,6 +308,13 @@ SELECT lockext.fenced_update('acct:bound', :attacker, '{"by": "attacker"}') AS a
 SELECT lockext.fence('acct:bound', :attacker);
 SELECT lockext.fenced_update('acct:bound', :holder, '{"by": "real"}') AS holder_stored;
 SELECT lock_id, fence_token = :holder AS holders_mark, data FROM lockext.resources WHERE resource_id = 'acct:bound';
+-- fence_guard with a bound resource refuses the attacker's token as lockext.fence does.
+CREATE TABLE bound_rows (id int, fence_token bigint);
+CREATE TRIGGER bound_rows_fence BEFORE INSERT OR UPDATE OR DELETE ON bound_rows
+    FOR EACH ROW EXECUTE FUNCTION lockext.fence_guard('fence_token', 'acct:bound');
+INSERT INTO bound_rows VALUES (1, :attacker);
+INSERT INTO bound_rows VALUES (1, :holder);
+SELECT count(*) AS bound_rows FROM bound_rows;
 -- An unbound resource keeps the high-water mark alone: any real token at least the mark
 -- moves it, whichever lock it was granted for.
 SELECT lockext.fenced_update('acct:unbound', :attacker, '{"by": "attacker"}') AS unbound_accepts_any_real_token;
