@@ -218,7 +218,7 @@ fn row_accepts(fence_token: Option<i64>, row_token: Option<i64>) -> Result<bool,
 // ---- lockext.fence_guard, the trigger ------------------------------------------------
 
 // The lock a resource is bound to, for the detail of a refusal.
-static RESOURCE_LOCK: Named = Named {
+static RESOURCE_LOCK: Statement = Statement {
     sql: include_str!("../sql/run/fence/resource_lock.sql"),
     params: &[("resource_id", TEXTOID)],
 };
