@@ -1272,7 +1272,7 @@ const FOUND: &[(&str, &str)] = &[
     // tries again until the row is free, then leaves it to the reaper).
     ("renew", "session_end"),
     // A grant attached its lease to a keep-alive revoked while the grant was in flight,
-    // and answered "granted" for a lease that was dead when it committed (12 schedules of
+    // and answered "granted" for a lease that was dead when it committed (18 schedules of
     // 60). The revocation now waits for the grants attaching to it
     // (sql/run/keepalive/revoke.sql), then deletes their leases too.
     ("keepalive_acquire", "keepalive_revoke"),
