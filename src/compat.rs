@@ -243,13 +243,8 @@ static RENEW_0_2: [Statement; 2] = [
     },
 ];
 
-const RELEASE_PARAMS: &[(&str, pg_sys::PgBuiltInOids)] = &[
-    ("lock_id", TEXTOID),
-    ("owner", TEXTOID),
-    ("role", OIDOID),
-    ("now", TIMESTAMPTZOID),
-    ("fence_token", INT8OID),
-];
+// Release's parameters are today's (`lease::HELD_PARAMS`), in the same order.
+const RELEASE_PARAMS: &[(&str, pg_sys::PgBuiltInOids)] = lease::HELD_PARAMS;
 static RELEASE_0_1: [Statement; 1] = [Statement {
     sql: include_str!("../sql/run/compat/release_lock.sql"),
     params: RELEASE_PARAMS,
@@ -346,16 +341,14 @@ fn renew(
     let fence_token = error::optional_token("fence_token", fence_token)?;
     backend::writable_server()?;
     let role = session_role("lock_renew", version);
-    let now = backend::now()?;
-    let args = || {
-        Args::with_capacity(RENEW_PARAMS.len())
-            .set("lock_id", lock_id)
-            .set("owner", owner)
-            .set("role", role)
-            .set("ttl", ttl)
-            .set("now", now)
-            .set("fence_token", fence_token)
+    let held = lease::Held {
+        lock_id,
+        owner,
+        role,
+        now: backend::now()?,
+        token: fence_token,
     };
+    let args = || held.args_with_ttl(ttl);
     let statements: &'static [Statement] = match version {
         Older::V0_1 => &RENEW_0_1,
         Older::V0_2 => &RENEW_0_2,
@@ -434,15 +427,14 @@ fn release(
     owner: Text<'_>,
     fence_token: Option<i64>,
 ) -> Result<bool, LockError> {
-    let now = backend::now()?;
-    let args = || {
-        Args::with_capacity(RELEASE_PARAMS.len())
-            .set("lock_id", lock_id)
-            .set("owner", owner)
-            .set("role", role)
-            .set("now", now)
-            .set("fence_token", fence_token)
+    let held = lease::Held {
+        lock_id,
+        owner,
+        role,
+        now: backend::now()?,
+        token: fence_token,
     };
+    let args = || held.args();
     let statements: &'static [Statement] = match version {
         Older::V0_1 => &RELEASE_0_1,
         Older::V0_2 => &RELEASE_0_2,

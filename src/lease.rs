@@ -44,19 +44,20 @@ use crate::xact;
 
 /// The parameters of renew, release and `HELD_BY_CALLER`, by name (`HELD_PARAMS`); `args`
 /// gives them to a statement, and a renewal adds the new time to live (`RENEW_PARAMS`).
-struct Held<'a> {
-    lock_id: Text<'a>,
-    owner: Text<'a>,
+/// compat.rs's renew and release of older SQL take the same, by the same names.
+pub(crate) struct Held<'a> {
+    pub lock_id: Text<'a>,
+    pub owner: Text<'a>,
     /// The calling role: the lease's holder, or a `lockext_admin` member.
-    role: pg_sys::Oid,
+    pub role: pg_sys::Oid,
     /// The call's clock: a lease is live or not for the whole call.
-    now: TimestampWithTimeZone,
+    pub now: TimestampWithTimeZone,
     /// The grant the caller names (NULL: whichever it holds).
-    token: Option<i64>,
+    pub token: Option<i64>,
 }
 
 impl Held<'_> {
-    fn args(&self) -> Args<'_> {
+    pub fn args(&self) -> Args<'_> {
         Args::with_capacity(RENEW_PARAMS.len())
             .set("lock_id", self.lock_id)
             .set("owner", self.owner)
@@ -65,12 +66,12 @@ impl Held<'_> {
             .set("fence_token", self.token)
     }
 
-    fn args_with_ttl(&self, ttl: Interval) -> Args<'_> {
+    pub fn args_with_ttl(&self, ttl: Interval) -> Args<'_> {
         self.args().set("ttl", ttl)
     }
 }
 
-const HELD_PARAMS: &[(&str, pg_sys::PgBuiltInOids)] = &[
+pub(crate) const HELD_PARAMS: &[(&str, pg_sys::PgBuiltInOids)] = &[
     ("lock_id", TEXTOID),
     ("owner", TEXTOID),
     ("role", OIDOID),
