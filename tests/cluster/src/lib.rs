@@ -444,6 +444,17 @@ pub fn reaper_pid(client: &mut Client, db: &str) -> Option<i32> {
         .map(|row| row.get(0))
 }
 
+/// The pid of the reaper's launcher, if one is running.
+pub fn launcher_pid(client: &mut Client) -> Option<i32> {
+    client
+        .query_opt(
+            "SELECT pid FROM pg_stat_activity WHERE backend_type = 'lockext launcher'",
+            &[],
+        )
+        .expect("pg_stat_activity")
+        .map(|row| row.get(0))
+}
+
 pub fn count_leases(client: &mut Client) -> i64 {
     client
         .query_one("SELECT count(*) FROM lockext.locks", &[])

@@ -272,24 +272,13 @@ fn postmaster_restarts_after_a_killed_round_and_a_killed_launcher_and_no_live_le
         .unwrap()
         .map(|r| r.get::<_, i32>(0))
     });
-    let launcher: i32 = c
-        .query_one(
-            "SELECT pid FROM pg_stat_activity WHERE backend_type = 'lockext launcher'",
-            &[],
-        )
-        .unwrap()
-        .get(0);
+    let launcher = launcher_pid(&mut c).expect("the launcher");
     for (what, pid) in [("round", round), ("launcher", launcher)] {
         let mut c = cluster.reconnect(Duration::from_secs(30));
         if what == "launcher" {
             // The launcher of the server that came back.
             let new: i32 = eventually(Duration::from_secs(30), "a launcher", || {
-                c.query_opt(
-                    "SELECT pid FROM pg_stat_activity WHERE backend_type = 'lockext launcher'",
-                    &[],
-                )
-                .unwrap()
-                .map(|r| r.get(0))
+                launcher_pid(&mut c)
             });
             assert_ne!(new, pid);
             signal(new, "KILL");

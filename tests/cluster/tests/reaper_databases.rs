@@ -538,13 +538,7 @@ fn a_launcher_ended_in_its_loop_stops_its_rounds() {
     let mut c = cluster.connect();
     let mut gdb = stopped_round(&cluster, &mut c, "orphaned", "postgres", LEASES);
     let round = reaper_pid(&mut c, "orphaned").expect("the stopped round");
-    let launcher: i32 = c
-        .query_one(
-            "SELECT pid FROM pg_stat_activity WHERE backend_type = 'lockext launcher'",
-            &[],
-        )
-        .unwrap()
-        .get(0);
+    let launcher = launcher_pid(&mut c).expect("the launcher");
     let ended: bool = c
         .query_one("SELECT pg_terminate_backend($1)", &[&launcher])
         .unwrap()
