@@ -51,6 +51,7 @@ use crate::backend;
 use crate::error::LockError;
 use crate::pgversion;
 use crate::settings;
+use crate::shmem::{self, Table};
 
 /// The highest token any layout hands out to a client that holds it in a double.
 pub const MAX_SAFE_TOKEN: i64 = (1 << 53) - 1;
@@ -138,11 +139,16 @@ const RMGR_NAME: &CStr = c"lockext";
 /// four bits of xl_info.
 const XLOG_LEDGER_RAISE: u8 = 0x10;
 
-/// How far ahead of what is handed out a reservation reaches: a grant whose counter passes
-/// the reservation moves it `BLOCK` counters on, so one WAL flush and one file rewrite per
-/// `BLOCK + 1` grants. After a crash the counter starts again at the reservation, leaving a
-/// gap of at most `BLOCK`.
+/// How far a new reservation reaches: `BLOCK` counters past the one before (or past the
+/// last counter handed out, when that is higher), so one WAL flush and one file rewrite per
+/// `BLOCK` grants.
 const BLOCK: i64 = 1024;
+/// The next reservation is written once fewer than this many counters are left under the
+/// one on disk, by the grant that sees it, after that grant has its token and has let go of
+/// the ledger's lock: the grants after it take the counters left meanwhile, and wait only
+/// if they use them all before the write is done. So the reservation reaches at most
+/// `BLOCK + REFILL_AT` past the last counter handed out, the gap a crash can leave.
+const REFILL_AT: i64 = BLOCK / 2;
 
 const DIR: &str = "pg_lockext";
 const FILE: &str = "ledger";
@@ -287,8 +293,20 @@ unsafe impl PGRXSharedMemory for Shared {}
 
 static LEDGER: PgLwLock<Shared> = unsafe { PgLwLock::new(c"lockext_token_ledger") };
 
+/// Held by whoever writes the ledger (a record, its flush, the file), for as long as it
+/// writes: writes follow one another in the order of the states they carry, while grants
+/// under the reservation already on disk go on, under `LEDGER` alone. Taken before
+/// `LEDGER`, never after it.
+static WRITING: Table<(), ()> = Table::new(c"lockext_token_ledger_write", || 0, |_| (), (), ());
+
 pub fn init_shared_memory() {
     pg_shmem_init!(LEDGER);
+    WRITING.request();
+}
+
+/// The writer's lock, waited for; Err without shared memory (lockext not preloaded).
+fn writing() -> Result<shmem::Write<(), ()>, LockError> {
+    WRITING.write().ok_or(LockError::LedgerNeedsPreload)
 }
 
 /// Registers the resource manager: only while shared_preload_libraries is processed.
@@ -439,22 +457,18 @@ impl Drop for CheckpointHeld {
     }
 }
 
-/// Makes `next` the ledger: a WAL record, flushed, then the file, both before a checkpoint
-/// can complete past the record; then shared memory. Call with the ledger locked.
-fn write(shared: &mut Shared, next: State) -> Result<(), LockError> {
+/// Puts `next` on disk: a WAL record, flushed, then the file, both before a checkpoint can
+/// complete past the record. Call holding `WRITING`; shared memory is the caller's to set.
+fn write_out(next: &State) -> Result<(), LockError> {
     let bytes = next.encode();
-    {
-        let _held = CheckpointHeld::new();
-        unsafe {
-            pg_sys::XLogBeginInsert();
-            pgversion::wal_register(&bytes);
-            let lsn = pg_sys::XLogInsert(RMGR_ID, XLOG_LEDGER_RAISE);
-            pg_sys::XLogFlush(lsn);
-        }
-        write_file(&next)?;
+    let _held = CheckpointHeld::new();
+    unsafe {
+        pg_sys::XLogBeginInsert();
+        pgversion::wal_register(&bytes);
+        let lsn = pg_sys::XLogInsert(RMGR_ID, XLOG_LEDGER_RAISE);
+        pg_sys::XLogFlush(lsn);
     }
-    shared.state = next;
-    Ok(())
+    write_file(next)
 }
 
 /// The ledger's state now, read from the file if this server has not yet.
@@ -494,6 +508,9 @@ pub fn state_unpreloaded() -> Result<Option<State>, LockError> {
 pub fn raise(wanted: State) -> Result<State, LockError> {
     require_preloaded()?;
     let timeline = timeline_now()?;
+    let _writing = writing()?;
+    // The ledger stays locked while the raise is written: no token may be handed out under
+    // the state it replaces once evidence of a higher history is known (rare: an adoption).
     let mut shared = LEDGER.exclusive();
     load(&mut shared, timeline)?;
     let current = shared.state;
@@ -501,7 +518,8 @@ pub fn raise(wanted: State) -> Result<State, LockError> {
     if next != current {
         let next = State { timeline, ..next };
         check_era(&next, timeline)?;
-        write(&mut shared, next)?;
+        write_out(&next)?;
+        shared.state = next;
         if next.reserved > current.reserved {
             // Counters below a raised reservation may have been handed out elsewhere.
             shared.issued = None;
@@ -518,20 +536,47 @@ fn check_era(state: &State, timeline: u32) -> Result<(), LockError> {
 }
 
 /// The next token: the era in force over the next counter, the counter on disk first.
-pub fn next_token() -> Result<(Layout, i64, i64), LockError> {
+///
+/// The ledger's lock is held only while a counter is taken from the reservation on disk,
+/// never across a write: a grant that finds the reservation running low writes the next
+/// one after it has its token (`REFILL_AT`), under `WRITING`, while the grants after it
+/// take what is left; one that finds nothing left (or a new timeline, or a cluster's first
+/// token) waits for `WRITING` and writes, or finds the write done, and looks again.
+pub fn next_token() -> Result<Minted, LockError> {
     require_preloaded()?;
     let timeline = timeline_now()?;
-    let mut shared = LEDGER.exclusive();
-    load(&mut shared, timeline)?;
-    if shared.state.layout == 0 {
-        // The first token of a cluster that never had one: Safe, era from the timeline.
-        let first = State {
-            layout: Layout::Safe.code(),
-            base: 0,
-            reserved: 0,
-            timeline,
+    loop {
+        let taken = {
+            let mut shared = LEDGER.exclusive();
+            load(&mut shared, timeline)?;
+            take_reserved(&mut shared, timeline)?
         };
-        write(&mut shared, first)?;
+        match taken {
+            Some((token, running_low)) => {
+                // Only one grant writes ahead; the others, finding the lock taken, go on.
+                if running_low {
+                    if let Some(_writing) = WRITING.try_write() {
+                        reserve(timeline, Need::Ahead)?;
+                    }
+                }
+                return Ok(token);
+            }
+            None => {
+                let _writing = writing()?;
+                reserve(timeline, Need::Now)?;
+            }
+        }
+    }
+}
+
+/// A token as `next_token` answers it: its layout, its era, the token.
+type Minted = (Layout, i64, i64);
+
+/// A counter under the reservation on disk, and whether the reservation is running low;
+/// None when a write must come first (no counter left, the timeline moved, no token yet).
+fn take_reserved(shared: &mut Shared, timeline: u32) -> Result<Option<(Minted, bool)>, LockError> {
+    if shared.state.layout == 0 || shared.state.timeline != timeline {
+        return Ok(None);
     }
     let layout = shared.state.layout();
     let max_counter = (1i64 << layout.counter_bits()) - 1;
@@ -540,21 +585,67 @@ pub fn next_token() -> Result<(Layout, i64, i64), LockError> {
         return Err(LockError::TokensExhausted { what: "counter" });
     }
     let counter = issued + 1;
-    if counter > shared.state.reserved || shared.state.timeline != timeline {
-        // Reserve ahead (a timeline change is written too, so that the file says which
-        // timeline its era was last in force on).
-        let next = State {
-            reserved: (counter + BLOCK).min(max_counter),
-            timeline,
-            ..shared.state
-        };
-        check_era(&next, timeline)?;
-        write(&mut shared, next)?;
+    if counter > shared.state.reserved {
+        return Ok(None);
     }
     let era = shared.state.era(timeline);
     let token = layout.compose(era, counter)?;
     shared.issued = Some(counter);
-    Ok((layout, era, token))
+    let running_low =
+        shared.state.reserved - counter < REFILL_AT && shared.state.reserved < max_counter;
+    Ok(Some(((layout, era, token), running_low)))
+}
+
+/// Why `reserve` is called: a grant cannot go on without a write (`Now`), or the
+/// reservation is running low (`Ahead`).
+#[derive(Clone, Copy, PartialEq)]
+enum Need {
+    Now,
+    Ahead,
+}
+
+/// Writes the next reservation, if it is still needed once `WRITING` is held (the caller
+/// holds it): another writer may have written it meanwhile. The ledger's lock is held only
+/// to read the state and to publish the new one, never while it is written out, so grants
+/// under the reservation on disk go on; no other process changes the state meanwhile,
+/// since every write holds `WRITING` (a standby's replay hands out no token).
+fn reserve(timeline: u32, need: Need) -> Result<(), LockError> {
+    let (next, issued) = {
+        let mut shared = LEDGER.exclusive();
+        load(&mut shared, timeline)?;
+        let state = shared.state;
+        let fresh = state.layout == 0;
+        let layout = if fresh { Layout::Safe } else { state.layout() };
+        let max_counter = (1i64 << layout.counter_bits()) - 1;
+        let issued = shared.issued.unwrap_or(state.reserved);
+        let needed = match need {
+            Need::Now => fresh || state.timeline != timeline || issued >= state.reserved,
+            Need::Ahead => state.reserved - issued < REFILL_AT,
+        };
+        if !needed || (state.reserved >= max_counter && !fresh && state.timeline == timeline) {
+            return Ok(());
+        }
+        // A fresh cluster's first state (Safe, era from the timeline, base 0) is written
+        // with its first reservation; a timeline change is written too, so that the file
+        // says which timeline its era was last in force on.
+        let next = State {
+            layout: layout.code(),
+            reserved: (state.reserved.max(issued) + BLOCK).min(max_counter),
+            timeline,
+            ..state
+        };
+        check_era(&next, timeline)?;
+        (next, issued)
+    };
+    write_out(&next)?;
+    let mut shared = LEDGER.exclusive();
+    shared.state = next;
+    // A server that has handed out nothing since it started (or since a raise) goes on
+    // from the reservation it found: counters up to it may have been handed out before.
+    if shared.issued.is_none() {
+        shared.issued = Some(issued);
+    }
+    Ok(())
 }
 
 /// The highest token this cluster can have handed out: the era in force over the last

@@ -153,13 +153,34 @@ impl<H: Plain, R: Plain, D: Plain> Table<H, R, D> {
         self.take(pg_sys::LWLockMode::LW_EXCLUSIVE).map(Write)
     }
 
+    /// The table under its lock, exclusive, if no other process holds the lock now; None
+    /// if one does (never waits), or without shared memory.
+    pub fn try_write(&'static self) -> Option<Write<H, R, D>> {
+        self.take_if(pg_sys::LWLockMode::LW_EXCLUSIVE, true)
+            .map(Write)
+    }
+
     fn take(&'static self, mode: pg_sys::LWLockMode::Type) -> Option<Held<H, R, D>> {
+        self.take_if(mode, false)
+    }
+
+    fn take_if(
+        &'static self,
+        mode: pg_sys::LWLockMode::Type,
+        no_wait: bool,
+    ) -> Option<Held<H, R, D>> {
         let base = self.base.load(Ordering::Acquire);
         let lock = self.lock.load(Ordering::Acquire);
         if base.is_null() || lock.is_null() {
             return None;
         }
-        unsafe { pg_sys::LWLockAcquire(lock, mode) };
+        if no_wait {
+            if !unsafe { pg_sys::LWLockConditionalAcquire(lock, mode) } {
+                return None;
+            }
+        } else {
+            unsafe { pg_sys::LWLockAcquire(lock, mode) };
+        }
         Some(Held {
             base,
             lock,

@@ -31,6 +31,7 @@ SYSTEMS = {
     "lockext_guarded": ("lockext fence_guard, token in SET", "#1b7c83", "sync"),
     "lockext_guarded_declared": ("lockext fence_guard, token declared", "#54aeff", "sync"),
     "unguarded": ("the same UPDATE, unguarded", "#57606a", "sync"),
+    "unguarded_tx": ("the declared way's transaction, unguarded", "#8c959f", "sync"),
     "etcd": ("etcd, lock recipe (a lease per grant)", "#6639ba", "sync"),
     "etcd_session": ("etcd, lock recipe on a session lease", "#a475f9", "sync"),
     "lockext_shared": ("lockext, shared, one id", "#1f6feb", "sync"),
@@ -89,6 +90,9 @@ SYSTEM_NOTES = [
                                  "token column left out, the token declared)."),
     ("unguarded", "the guarded rows' reference: the same `UPDATE ... SET n = n + 1, fence_token = "
                   ":tok` of the same table without the trigger."),
+    ("unguarded_tx", "the declared way's reference: `BEGIN; SELECT :tok::bigint; UPDATE guarded.plain "
+                     "SET n = n + 1 WHERE id = :id; COMMIT`, the same four statements without "
+                     "lockext (the declared way needs its transaction; its cost over this is lockext's)."),
     ("etcd", "one etcd member at its defaults (its WAL synced before a write is answered), driven "
              "by `bench/etcdbench` over etcd's gRPC API, a connection per client: etcd's lock "
              "recipe with a lease per grant, as a lockext acquire has a TTL per grant: "
