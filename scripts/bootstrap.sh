@@ -10,8 +10,10 @@ APT_PACKAGES=(postgresql-$PG_MAJOR postgresql-server-dev-$PG_MAJOR libclang-dev 
     faketime redis-server python3 binutils gdb)
 # What the PostgreSQL 16-18 servers below link against, and patchelf (see relink_modules).
 APT_PACKAGES+=(libxml2 libssl3 libgssapi-krb5-2 liblz4-1 libzstd1 libicu72 libreadline8 tzdata patchelf)
-# The benchmarks' etcd, and protoc for their etcd client (bench/etcdbench: etcd's .proto files).
-APT_PACKAGES+=(etcd-server protobuf-compiler)
+# The benchmarks' etcd, and protoc for their etcd client (bench/etcdbench: etcd's .proto files),
+# with protobuf's own .proto files (descriptor.proto, struct.proto: libprotobuf-dev, which
+# --no-install-recommends leaves out), which etcd's import.
+APT_PACKAGES+=(etcd-server protobuf-compiler libprotobuf-dev)
 APT_PACKAGES+=("${LOCKEXT_EXTRA_APT[@]:-}")
 # The benchmarks' charts (bench/lockbench/charts.py) need matplotlib in the python3 on PATH.
 # Debian's own python3 (sys.prefix /usr, or none yet) takes Debian's package: it has no pip,
