@@ -22,6 +22,8 @@ SYSTEMS = {
     "advisory": ("advisory locks", "#8250df", "none"),
     "floor": ("floor (durable insert, async delete)", "#57606a", "sync"),
     "floor_async": ("insert + delete both async", "#afb8c1", "async"),
+    "floor_fn": ("floor as functions", "#8c959f", "sync"),
+    "floor_fn_async": ("floor as functions, both async", "#d0d7de", "async"),
     "bare": ("bare UPDATE", "#57606a", "sync"),
     "bare_async": ("bare UPDATE, async", "#afb8c1", "async"),
     "bare_indexed": ("bare UPDATE, expires_at indexed", "#6e7781", "sync"),
@@ -73,6 +75,10 @@ SYSTEM_NOTES = [
               "one fsync per cycle, what any durable grant pays."),
     ("floor_async", "the same `INSERT` and `DELETE`, both committed asynchronously: what a grant "
                     "costs when nothing waits for the disk (the yardstick of epoch mode)."),
+    ("floor_fn", "the floor's `INSERT` and `DELETE`, each the body of a SQL function called as "
+                 "lockext's are (`SECURITY DEFINER`, `SET search_path`), nothing else in it: what "
+                 "the call itself adds (bench/setup.sql)."),
+    ("floor_fn_async", "the same two functions, the `INSERT` committed asynchronously too."),
     ("bare", "`UPDATE` of one row by primary key, `expires_at` not indexed (HOT), durable."),
     ("bare_async", "the same `UPDATE` committed asynchronously."),
     ("bare_indexed", "the same `UPDATE` on a table whose `expires_at` is indexed, as in "

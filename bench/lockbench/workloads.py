@@ -29,6 +29,8 @@ WORKLOADS = {
         ("advisory", "cycle_advisory", ""),
         ("floor", "cycle_floor", ""),
         ("floor_async", "cycle_floor_async", ""),
+        ("floor_fn", "cycle_floor_fn", ""),
+        ("floor_fn_async", "cycle_floor_fn_async", ""),
         ("redis_always", redis("cycle", "always"), ""),
         ("redis_everysec", redis("cycle", "everysec"), ""),
         ("etcd", etcd("cycle", "per-cycle"), ""),

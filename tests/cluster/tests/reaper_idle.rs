@@ -128,15 +128,16 @@ fn reaper_status_shows_every_database() {
     let cluster = Cluster::start("ridle-status", "lockext.reap_interval = '100ms'");
     let dbs = databases(&cluster, "st", 40);
     let mut c = cluster.connect();
+    // postgres too: its extension was created after the launcher's first look, so its row
+    // may come after the new databases' (a rescan), which are noticed as they are made.
     let seen = eventually(
         GENEROUS,
-        "a reaper_status row for each of 41 databases",
+        "a reaper_status row for each of 41 databases, postgres among them",
         || {
             let r = rounds(&mut c);
-            dbs.iter().all(|db| r.contains_key(db)).then_some(r)
+            (r.contains_key("postgres") && dbs.iter().all(|db| r.contains_key(db))).then_some(r)
         },
     );
-    assert!(seen.contains_key("postgres"), "postgres has its row too");
     assert_eq!(seen.len(), 41, "one row per database: {seen:?}");
     assert_eq!(stat(&mut c, "reaper_databases_unseen"), 0);
 }
