@@ -33,20 +33,34 @@ CREATE TABLE floor.leases (
 );
 -- The floor as functions: the same INSERT and DELETE, each the body of a function called
 -- the way lockext's are (SECURITY DEFINER, search_path pinned by a SET clause), with nothing
--- of lockext in them: what the call itself adds to a grant and a release. The release turns
+-- of lockext in them: what the call itself adds to a grant and a release. PL/pgSQL, which
+-- keeps each statement's plan for the session as lockext does (a LANGUAGE sql function with
+-- a SET clause is not inlined, and plans its body again at every call). The release turns
 -- its commit asynchronous as the floor's does (synchronous_commit is not the SET clause's
 -- variable, so the setting outlives the call, to the end of the transaction).
 CREATE FUNCTION floor.acquire(lock text, who text) RETURNS int
-LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-AS $$ INSERT INTO floor.leases (lock_id, owner) VALUES (lock, who) ON CONFLICT DO NOTHING RETURNING 1 $$;
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+  INSERT INTO floor.leases (lock_id, owner) VALUES (lock, who) ON CONFLICT DO NOTHING;
+  RETURN CASE WHEN FOUND THEN 1 ELSE 0 END;
+END $$;
 CREATE FUNCTION floor.acquire_async(lock text, who text) RETURNS int
-LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-AS $$ WITH i AS (INSERT INTO floor.leases (lock_id, owner) VALUES (lock, who) ON CONFLICT DO NOTHING RETURNING 1)
-      SELECT count(*)::int FROM i WHERE set_config('synchronous_commit', 'off', true) IS NOT NULL $$;
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+  PERFORM set_config('synchronous_commit', 'off', true);
+  INSERT INTO floor.leases (lock_id, owner) VALUES (lock, who) ON CONFLICT DO NOTHING;
+  RETURN CASE WHEN FOUND THEN 1 ELSE 0 END;
+END $$;
 CREATE FUNCTION floor.release(lock text, who text) RETURNS int
-LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-AS $$ WITH d AS (DELETE FROM floor.leases WHERE lock_id = lock AND owner = who RETURNING 1)
-      SELECT count(*)::int FROM d WHERE set_config('synchronous_commit', 'off', true) IS NOT NULL $$;
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+  PERFORM set_config('synchronous_commit', 'off', true);
+  DELETE FROM floor.leases WHERE lock_id = lock AND owner = who;
+  RETURN CASE WHEN FOUND THEN 1 ELSE 0 END;
+END $$;
 -- The floor of a read lock: one row per reader, keyed (lock_id, owner) as
 -- lockext.shared_leases is, so that many readers hold one id at once. Nothing else.
 CREATE TABLE floor.shared_leases (

@@ -75,7 +75,7 @@ SYSTEM_NOTES = [
               "one fsync per cycle, what any durable grant pays."),
     ("floor_async", "the same `INSERT` and `DELETE`, both committed asynchronously: what a grant "
                     "costs when nothing waits for the disk (the yardstick of epoch mode)."),
-    ("floor_fn", "the floor's `INSERT` and `DELETE`, each the body of a SQL function called as "
+    ("floor_fn", "the floor's `INSERT` and `DELETE`, each the body of a PL/pgSQL function called as "
                  "lockext's are (`SECURITY DEFINER`, `SET search_path`), nothing else in it: what "
                  "the call itself adds (bench/setup.sql)."),
     ("floor_fn_async", "the same two functions, the `INSERT` committed asynchronously too."),
