@@ -98,6 +98,11 @@ impl Layout {
         }
     }
 
+    /// The highest counter of an era.
+    pub fn max_counter(self) -> i64 {
+        (1 << self.counter_bits()) - 1
+    }
+
     /// One past the highest era.
     pub fn era_limit(self) -> i64 {
         match self {
@@ -579,7 +584,7 @@ fn take_reserved(shared: &mut Shared, timeline: u32) -> Result<Option<(Minted, b
         return Ok(None);
     }
     let layout = shared.state.layout();
-    let max_counter = (1i64 << layout.counter_bits()) - 1;
+    let max_counter = layout.max_counter();
     let issued = shared.issued.unwrap_or(shared.state.reserved);
     if issued >= max_counter {
         return Err(LockError::TokensExhausted { what: "counter" });
@@ -591,9 +596,13 @@ fn take_reserved(shared: &mut Shared, timeline: u32) -> Result<Option<(Minted, b
     let era = shared.state.era(timeline);
     let token = layout.compose(era, counter)?;
     shared.issued = Some(counter);
-    let running_low =
-        shared.state.reserved - counter < REFILL_AT && shared.state.reserved < max_counter;
-    Ok(Some(((layout, era, token), running_low)))
+    let low = running_low(shared.state.reserved, counter, max_counter);
+    Ok(Some(((layout, era, token), low)))
+}
+
+/// Fewer than `REFILL_AT` counters left under `reserved` past `issued`, and more to reserve.
+fn running_low(reserved: i64, issued: i64, max_counter: i64) -> bool {
+    reserved - issued < REFILL_AT && reserved < max_counter
 }
 
 /// Why `reserve` is called: a grant cannot go on without a write (`Now`), or the
@@ -616,11 +625,11 @@ fn reserve(timeline: u32, need: Need) -> Result<(), LockError> {
         let state = shared.state;
         let fresh = state.layout == 0;
         let layout = if fresh { Layout::Safe } else { state.layout() };
-        let max_counter = (1i64 << layout.counter_bits()) - 1;
+        let max_counter = layout.max_counter();
         let issued = shared.issued.unwrap_or(state.reserved);
         let needed = match need {
             Need::Now => fresh || state.timeline != timeline || issued >= state.reserved,
-            Need::Ahead => state.reserved - issued < REFILL_AT,
+            Need::Ahead => running_low(state.reserved, issued, max_counter),
         };
         if !needed || (state.reserved >= max_counter && !fresh && state.timeline == timeline) {
             return Ok(());
@@ -663,9 +672,7 @@ pub fn highest_issued() -> Result<Option<i64>, LockError> {
         return Ok(None);
     };
     let layout = state.layout();
-    let counter = issued
-        .unwrap_or(state.reserved)
-        .min((1 << layout.counter_bits()) - 1);
+    let counter = issued.unwrap_or(state.reserved).min(layout.max_counter());
     let era = state.era(timeline).min(layout.era_limit() - 1);
     layout.compose(era, counter).map(Some)
 }

@@ -455,7 +455,7 @@ fn issued_by_older_libraries() -> i64 {
     let from_row = evidence
         .row
         .and_then(|row| {
-            let max_counter = (1i64 << row.layout.counter_bits()) - 1;
+            let max_counter = row.layout.max_counter();
             row.layout.compose(row.era, last.min(max_counter)).ok()
         })
         .unwrap_or(0);
