@@ -7,6 +7,7 @@
 #   make bench          benchmarks side by side, report in bench/results/
 #   make stop           stop the scratch cluster the last `make run` started
 #   make package        an installable tree under target/release/lockext-pg$(PG)
+#   make citus          build Citus (../shared/citus) into PostgreSQL 18's tree, for the Citus tests
 #
 # PG=16 (or 17, 18) builds, installs and tests on that major version instead of 15, from
 # the tree scripts/bootstrap.sh unpacks under $(PG_ROOT); PG_CONFIG=/path/to/pg_config a
@@ -41,7 +42,7 @@ REGRESS    := $(basename $(notdir $(wildcard tests/pg_regress/sql/*.sql)))
 ISOLATION  := $(basename $(notdir $(wildcard tests/isolation/specs/*.spec)))
 PGTEST_DIR := /tmp/lockext-pgtest
 
-.PHONY: bootstrap install run stop test lint unit installcheck cluster-test explore explore-count package bench bench-smoke deploy-test
+.PHONY: bootstrap install run stop test lint unit installcheck cluster-test explore explore-count package bench bench-smoke deploy-test citus
 
 bootstrap:
 	bash scripts/bootstrap.sh
@@ -98,6 +99,7 @@ test: bootstrap
 	$(MAKE) unit install installcheck PG=17
 	$(MAKE) unit install installcheck PG=18
 	$(MAKE) install PG_CONFIG=$(PG_ROOT)/15/bin/pg_config
+	$(MAKE) citus PG=18
 	$(MAKE) cluster-test PG=18 LOCKEXT_EXPLORE_PART=1/2
 	$(MAKE) deploy-test PG=18
 
@@ -144,8 +146,11 @@ installcheck:
 	$(CHECK_CLUSTER) stop
 
 # Tests against real servers through real client connections: they start their own clusters.
+# The Citus tests (tests/citus*.rs, their names start with citus_) need PostgreSQL 16 or later
+# with Citus (`make citus`): `make test` runs them on 18 only.
+CLUSTER_SKIP = $(if $(filter 15,$(PG)),--skip citus_,)
 cluster-test: install
-	cargo test --profile cluster -p lockext-cluster-tests --no-fail-fast -- --test-threads=1
+	cargo test --profile cluster -p lockext-cluster-tests --no-fail-fast -- --test-threads=1 $(CLUSTER_SKIP)
 
 # The schedule explorer, every pair of calls at every pause point (cluster-test runs a sample).
 explore: install
@@ -171,3 +176,9 @@ deploy-test: install
 package: bootstrap
 	cargo pgrx package --pg-config $(PG_CONFIG)
 	install -m 644 sql/lockext--*.sql $(PKG)$(EXTDIR)/
+
+# Citus, unchanged, from its source tarball (CITUS_SRC, default ../shared/citus), into the tree of
+# PostgreSQL 18, or of PG=16/17 or PG_CONFIG when given; once per tarball and tree (scripts/citus.sh).
+CITUS_PG_CONFIG = $(if $(and $(filter file,$(origin PG_CONFIG)),$(filter 15,$(PG))),$(PG_ROOT)/18/bin/pg_config,$(PG_CONFIG))
+citus: bootstrap
+	PG_CONFIG=$(CITUS_PG_CONFIG) bash scripts/citus.sh

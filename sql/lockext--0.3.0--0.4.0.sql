@@ -56,3 +56,45 @@ AS 'MODULE_PATHNAME', 'reap_wrapper';
 REVOKE ALL ON FUNCTION lockext.reap() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION lockext.reap() TO lockext_admin;
 GRANT EXECUTE ON FUNCTION lockext.reap() TO PUBLIC; -- checks lockext_admin
+
+
+-- ---- Citus: each lock id's highest token ---------------------------------------------
+-- The highest token each lock id's grants ever had, on a Citus cluster only (src/citus.rs):
+-- each grant there records its token in its own transaction, and the row moves with the
+-- lock id's shard, so a grant on the node a shard moved to starts above it. Empty on a
+-- single server, whose one ledger already keeps every lock id's tokens rising.
+CREATE TABLE lockext.lock_tokens (
+    lock_id text   PRIMARY KEY,
+    high    bigint NOT NULL
+);
+SELECT pg_catalog.pg_extension_config_dump('lockext.lock_tokens', '');
+REVOKE ALL ON lockext.lock_tokens FROM PUBLIC;
+GRANT SELECT ON lockext.lock_tokens TO PUBLIC;
+
+CREATE FUNCTION lockext.citus_distribute(shard_count integer DEFAULT 32) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    t text;
+    f text;
+BEGIN
+    IF NOT EXISTS (SELECT FROM pg_extension WHERE extname = 'citus') THEN
+        RAISE EXCEPTION 'lockext.citus_distribute() needs the citus extension in this database'
+            USING ERRCODE = '55000';
+    END IF;
+    IF NOT EXISTS (SELECT FROM pg_dist_partition WHERE logicalrelid = 'lockext.locks'::regclass) THEN
+        PERFORM create_distributed_table('lockext.locks', 'lock_id', shard_count => shard_count);
+    END IF;
+    FOREACH t IN ARRAY ARRAY['lockext.shared_leases', 'lockext.lease_values', 'lockext.lock_tokens'] LOOP
+        IF NOT EXISTS (SELECT FROM pg_dist_partition WHERE logicalrelid = t::regclass) THEN
+            PERFORM create_distributed_table(t, 'lock_id', colocate_with => 'lockext.locks');
+        END IF;
+    END LOOP;
+    FOREACH f IN ARRAY ARRAY[
+        'lockext.lock_acquire(text,text,interval,interval,interval,text,integer,boolean,bigint)',
+        'lockext.lock_renew(text,text,interval,bigint)',
+        'lockext.lock_release(text,text,bigint)'] LOOP
+        PERFORM create_distributed_function(f::regprocedure, '$1', colocate_with => 'lockext.locks');
+    END LOOP;
+END
+$$;
+REVOKE ALL ON FUNCTION lockext.citus_distribute(integer) FROM PUBLIC;

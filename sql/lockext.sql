@@ -170,6 +170,15 @@ CREATE TABLE lockext.lease_values (
 ALTER TABLE lockext.lease_values SET (vacuum_truncate = false);
 CREATE INDEX lease_values_role_idx ON lockext.lease_values (holder_role);
 
+-- The highest token each lock id's grants ever had, on a Citus cluster only (src/citus.rs):
+-- each grant there records its token in its own transaction, and the row moves with the
+-- lock id's shard, so a grant on the node a shard moved to starts above it. Empty on a
+-- single server, whose one ledger already keeps every lock id's tokens rising.
+CREATE TABLE lockext.lock_tokens (
+    lock_id text   PRIMARY KEY,
+    high    bigint NOT NULL
+);
+
 -- pg_dump skips extension members unless they are marked: without this a restore would
 -- bring back no leases, no high-water marks and no era. The token sequence is not marked:
 -- a restore always starts a new era (src/token.rs), so its counter may start again, and a
@@ -180,14 +189,15 @@ SELECT pg_catalog.pg_extension_config_dump('lockext.resources', '');
 SELECT pg_catalog.pg_extension_config_dump('lockext.token_epoch', '');
 SELECT pg_catalog.pg_extension_config_dump('lockext.lease_values', '');
 SELECT pg_catalog.pg_extension_config_dump('lockext.keepalives', '');
+SELECT pg_catalog.pg_extension_config_dump('lockext.lock_tokens', '');
 
 -- Least privilege: nobody writes these tables but lockext's functions (which run as their
 -- owner: SECURITY DEFINER, or src/caller.rs for the lease functions).
 -- Reading them is harmless and useful to operators, so it is granted.
 REVOKE ALL ON lockext.locks, lockext.shared_leases, lockext.resources, lockext.token_epoch,
-    lockext.keepalives, lockext.fence_token_seq FROM PUBLIC;
+    lockext.keepalives, lockext.lock_tokens, lockext.fence_token_seq FROM PUBLIC;
 GRANT SELECT ON lockext.locks, lockext.shared_leases, lockext.resources, lockext.token_epoch,
-    lockext.keepalives TO PUBLIC;
+    lockext.keepalives, lockext.lock_tokens TO PUBLIC;
 -- Values are what leaders publish to their followers: read by members of lockext_user
 -- through lock_holders and lock_observe, not by every role.
 REVOKE ALL ON lockext.lease_values FROM PUBLIC;

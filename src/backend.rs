@@ -100,6 +100,11 @@ pub fn system_identifier() -> u64 {
     unsafe { pg_sys::GetSystemIdentifier() }
 }
 
+/// Whether the statement runs inside a transaction block (BEGIN ... COMMIT), not on its own.
+pub fn in_transaction_block() -> bool {
+    unsafe { pg_sys::IsTransactionBlock() }
+}
+
 /// Whether `xid` is this backend's current transaction's, or one of its subtransactions'.
 pub fn is_current_transaction(xid: u32) -> bool {
     unsafe { pg_sys::TransactionIdIsCurrentTransactionId(xid.into()) }

@@ -28,6 +28,14 @@ pub fn lockext_relation(name: &CStr) -> Option<pg_sys::Oid> {
     (oid != pg_sys::InvalidOid).then_some(oid)
 }
 
+/// Whether relation `pg_catalog.<name>` exists (a catalog-cache lookup): Citus's catalogs
+/// (`pg_dist_partition`) exist only in a database with the citus extension.
+pub fn has_catalog_relation(name: &CStr) -> bool {
+    let oid =
+        unsafe { pg_sys::get_relname_relid(name.as_ptr(), pg_sys::PG_CATALOG_NAMESPACE.into()) };
+    oid != pg_sys::InvalidOid
+}
+
 /// The oid of type `lockext.<name>`, if it exists: a catalog-cache lookup, as
 /// `TypenameNspGetTypid` makes it (the name is passed as a C string, as PostgreSQL's own
 /// lookups by name pass it).

@@ -112,6 +112,11 @@ fn lock_campaign(
     permits: default!(Option<i32>, "NULL"),
     session_bound: default!(Option<bool>, "false"),
 ) -> Option<pgrx::composite_type!('static, "lock_grant")> {
+    crate::citus::refuse(
+        "lock_campaign is not available yet",
+        crate::citus::ONLY_LEASES,
+    )
+    .or_report();
     caller::as_member(|| {
         let lock_id = error::identifier("lock_id", lock_id)?;
         let value = valid_value(value)?;
@@ -147,6 +152,11 @@ fn set_lease_value(
     fence_token: Option<i64>,
     value: Option<Jsonb>,
 ) -> Option<i64> {
+    crate::citus::refuse(
+        "lock_set_value is not available yet",
+        crate::citus::ONLY_LEASES,
+    )
+    .or_report();
     caller::as_member(|| {
         let lock_id = error::identifier("lock_id", lock_id)?;
         let owner = error::identifier("owner", owner)?;
@@ -183,6 +193,11 @@ fn lock_holders(
         name!(expires_at, TimestampWithTimeZone),
     ),
 > {
+    crate::citus::refuse(
+        "lock_holders is not available yet",
+        crate::citus::ONLY_LEASES,
+    )
+    .or_report();
     let holders = caller::as_member(|| {
         let lock_id = error::identifier("lock_id", lock_id)?;
         let now = backend::now()?;
@@ -226,6 +241,11 @@ fn lock_observe(
         name!(expires_at, Option<TimestampWithTimeZone>),
     ),
 > {
+    crate::citus::refuse(
+        "lock_observe is not available yet",
+        crate::citus::ONLY_LEASES,
+    )
+    .or_report();
     let (changed, leader) =
         caller::as_member(|| observe(lock_id, known_token, known_version, timeout)).or_report();
     let row = match leader {

@@ -151,6 +151,15 @@ pub enum LockError {
     #[error("the lease of \"{lock_id}\" is attached to keep-alive {keepalive}, which renews it")]
     RenewAttached { lock_id: String, keepalive: i64 },
 
+    #[error("lock id \"{lock_id}\" is on another node of the Citus cluster now (shard {shard})")]
+    CitusOtherNode { lock_id: String, shard: i64 },
+
+    #[error("on a Citus cluster, {what}")]
+    CitusUnsupported {
+        what: &'static str,
+        hint: &'static str,
+    },
+
     #[error("lockext internal error: a grant has no {name}")]
     MissingColumn { name: &'static str },
 
@@ -185,11 +194,14 @@ impl LockError {
             }
             LockError::WrongKind { .. } => ERRCODE_WRONG_OBJECT_TYPE, // 42809
             LockError::NotPermitted { .. } => ERRCODE_INSUFFICIENT_PRIVILEGE, // 42501
-            LockError::SessionLeasesOff => ERRCODE_FEATURE_NOT_SUPPORTED, // 0A000
-            LockError::TooManyClaims => ERRCODE_OUT_OF_MEMORY,        // 53200
+            LockError::SessionLeasesOff | LockError::CitusUnsupported { .. } => {
+                ERRCODE_FEATURE_NOT_SUPPORTED // 0A000
+            }
+            LockError::CitusOtherNode { .. } => ERRCODE_T_R_SERIALIZATION_FAILURE, // 40001
+            LockError::TooManyClaims => ERRCODE_OUT_OF_MEMORY,                     // 53200
             LockError::RoleValuesFull { .. } => ERRCODE_CONFIGURATION_LIMIT_EXCEEDED, // 53400
             LockError::IdentifierTooLong { .. } => ERRCODE_STRING_DATA_RIGHT_TRUNCATION, // 22001
-            LockError::ReadOnlyServer => ERRCODE_READ_ONLY_SQL_TRANSACTION, // 25006
+            LockError::ReadOnlyServer => ERRCODE_READ_ONLY_SQL_TRANSACTION,        // 25006
             LockError::WaitNeedsReadCommitted
             | LockError::ObserveNeedsReadCommitted
             | LockError::SetValueNeedsReadCommitted
@@ -290,6 +302,11 @@ impl LockError {
                 "Publish where the data is (an address, a key), not the data: every follower \
                  reads the value at each change.",
             ),
+            LockError::CitusOtherNode { .. } => Some(
+                "Its shard moved while the call was routed to this node. Call again: Citus \
+                 sends the call to the node that holds the shard now (docs/citus.md).",
+            ),
+            LockError::CitusUnsupported { hint, .. } => Some(hint),
             LockError::LedgerNeedsPreload => Some(
                 "Add lockext to shared_preload_libraries in postgresql.conf and restart the \
                  server: the token ledger travels in the WAL through lockext's own WAL \

@@ -92,6 +92,11 @@ fn fenced_update_0_3(
     fence_token: Option<i64>,
     data: Option<Jsonb>,
 ) -> bool {
+    crate::citus::refuse(
+        "fenced_update is not available yet",
+        crate::citus::ONLY_LEASES,
+    )
+    .or_report();
     caller::as_member(|| fenced_write(resource_id, fence_token, data)).or_report()
 }
 
@@ -102,6 +107,11 @@ fn fenced_update_0_3(
 #[pg_extern(volatile, parallel_unsafe, name = "fence_advance")]
 #[search_path(pg_catalog, pg_temp)]
 fn fence_advance_0_3(resource_id: Option<Text<'_>>, fence_token: Option<i64>) -> Option<i64> {
+    crate::citus::refuse(
+        "fence_advance (and lockext.fence) is not available yet",
+        crate::citus::ONLY_LEASES,
+    )
+    .or_report();
     caller::as_member(|| fence_only(resource_id, fence_token)).or_report()
 }
 
@@ -111,6 +121,11 @@ fn fence_advance_0_3(resource_id: Option<Text<'_>>, fence_token: Option<i64>) ->
 #[pg_extern(volatile, parallel_unsafe)]
 #[search_path(pg_catalog, pg_temp)]
 fn fence_read_check(resource_id: Option<Text<'_>>, fence_token: Option<i64>) -> Option<TextBuf> {
+    crate::citus::refuse(
+        "fence_read and fenced_read is not available yet",
+        crate::citus::ONLY_LEASES,
+    )
+    .or_report();
     caller::as_member(|| read_check(resource_id, fence_token)).or_report()
 }
 
@@ -953,6 +968,11 @@ fn declare(fence_token: Option<i64>) -> Result<(), LockError> {
 #[pg_extern(volatile, parallel_unsafe, name = "check_token")]
 #[search_path(pg_catalog, pg_temp)]
 fn check_token_0_3(fence_token: Option<i64>) {
+    crate::citus::refuse(
+        "check_token is not available yet",
+        crate::citus::ONLY_LEASES,
+    )
+    .or_report();
     caller::as_member(|| checked_token(fence_token)).or_report();
 }
 
@@ -978,6 +998,7 @@ fn exclusive_grant_live(lock_id: Text<'_>, fence_token: i64, holder_role: pg_sys
 #[pg_extern(volatile, parallel_unsafe, name = "lock_check")]
 #[search_path(pg_catalog, pg_temp)]
 fn lock_check_0_3(lock_id: Option<Text<'_>>, fence_token: Option<i64>) -> bool {
+    crate::citus::refuse("lock_check is not available yet", crate::citus::ONLY_LEASES).or_report();
     caller::require(Needs::User)
         .and_then(|()| lease_is_live(lock_id, fence_token))
         .or_report()
@@ -991,6 +1012,11 @@ fn lock_check_0_3(lock_id: Option<Text<'_>>, fence_token: Option<i64>) -> bool {
 #[pg_extern(volatile, parallel_unsafe)]
 #[search_path(pg_catalog, pg_temp)]
 fn bind_resource(resource_id: Option<Text<'_>>, lock_id: Option<Text<'_>>) {
+    crate::citus::refuse(
+        "bind_resource is not available yet",
+        crate::citus::ONLY_LEASES,
+    )
+    .or_report();
     caller::require(Needs::Admin {
         action: "bind a resource to a lock",
     })

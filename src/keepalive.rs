@@ -121,6 +121,11 @@ fn lock_keepalive_grant(
         name!(expires_at, TimestampWithTimeZone),
     ),
 > {
+    crate::citus::refuse(
+        "lock_keepalive_grant is not available yet",
+        crate::citus::ONLY_LEASES,
+    )
+    .or_report();
     caller::as_member(|| {
         let ttl = error::ttl_of(ttl, TtlOf::Keepalive)?;
         backend::writable_server()?;
@@ -155,6 +160,11 @@ fn lock_keepalive_renew(
     keepalive: Option<i64>,
     ttl: default!(Option<Interval>, "NULL"),
 ) -> Option<TimestampWithTimeZone> {
+    crate::citus::refuse(
+        "lock_keepalive_renew is not available yet",
+        crate::citus::ONLY_LEASES,
+    )
+    .or_report();
     caller::as_member(|| {
         let keepalive = error::token("keepalive", keepalive)?;
         let ttl = ttl
@@ -199,6 +209,11 @@ fn lock_keepalive_renew(
 #[pg_extern(volatile, parallel_unsafe)]
 #[search_path(pg_catalog, pg_temp)]
 fn lock_keepalive_revoke(keepalive: Option<i64>) -> Option<i64> {
+    crate::citus::refuse(
+        "lock_keepalive_revoke is not available yet",
+        crate::citus::ONLY_LEASES,
+    )
+    .or_report();
     caller::as_member(|| {
         let keepalive = error::token("keepalive", keepalive)?;
         backend::writable_server()?;

@@ -28,6 +28,7 @@ use pgrx::spi::{SpiClient, SpiTupleTable};
 
 use crate::backend;
 use crate::caller;
+use crate::citus::{self, Call};
 use crate::claims;
 use crate::commit;
 use crate::error::{self, LockError, OrReport};
@@ -154,9 +155,42 @@ fn lock_acquire_0_3(
             session_bound,
             keepalive,
         )?;
-        acquire(&request)?.map(|g| g.to_grant()).transpose()
+        let routed = citus::route(lock_id, Call::Grants)?;
+        if routed.is_some() {
+            refuse_on_citus(&request)?;
+            citus::before_grant(lock_id)?;
+        }
+        let granted = acquire(&request)?;
+        if let (Some(_), Some(granted)) = (&routed, &granted) {
+            citus::after_grant(lock_id, granted.token)?;
+        }
+        granted.map(|g| g.to_grant()).transpose()
     })
     .or_report()
+}
+
+/// What an acquire may not ask for on a Citus cluster (docs/citus.md says why).
+fn refuse_on_citus(request: &Request<'_>) -> Result<(), LockError> {
+    let refused = |what, hint| Err(LockError::CitusUnsupported { what, hint });
+    if !request.wait.is_zero() {
+        return refused(
+            "lock_acquire does not wait",
+            "Call it again from the client: a waiting call would hold its shard in place.",
+        );
+    }
+    if request.attachments.keepalive.is_some() {
+        return refused(
+            "leases are not attached to keep-alives",
+            "Renew each lease with lock_renew.",
+        );
+    }
+    if request.attachments.session.is_some() {
+        return refused(
+            "leases are not session-bound",
+            "Citus runs the call over a connection of its own, not the client's session.",
+        );
+    }
+    Ok(())
 }
 
 /// Extends the caller's live lease to now + `ttl`; NULL when the caller holds none.
@@ -169,7 +203,11 @@ fn lock_renew_0_3(
     ttl: Option<Interval>,
     fence_token: default!(Option<i64>, "NULL"),
 ) -> Option<TimestampWithTimeZone> {
-    caller::as_member(|| renew(lock_id, owner, ttl, fence_token)).or_report()
+    caller::as_member(|| {
+        let _routed = routed(lock_id)?;
+        renew(lock_id, owner, ttl, fence_token)
+    })
+    .or_report()
 }
 
 /// Ends the caller's lease; true when the caller still held it.
@@ -181,7 +219,18 @@ fn lock_release_0_3(
     owner: Option<Text<'_>>,
     fence_token: default!(Option<i64>, "NULL"),
 ) -> bool {
-    caller::as_member(|| release(lock_id, owner, fence_token)).or_report()
+    caller::as_member(|| {
+        let _routed = routed(lock_id)?;
+        release(lock_id, owner, fence_token)
+    })
+    .or_report()
+}
+
+/// A renewal's or a release's route on a Citus cluster (`citus::route`); its arguments are
+/// checked first, so that bad input gets its own SQLSTATE on any node.
+fn routed(lock_id: Option<Text<'_>>) -> Result<Option<citus::Routed>, LockError> {
+    let lock_id = error::identifier("lock_id", lock_id)?;
+    citus::route(lock_id, Call::Other)
 }
 
 /// The route of an acquire, one way through: validated (`Request`, by the caller), queued

@@ -533,6 +533,81 @@ pub fn raise(wanted: State) -> Result<State, LockError> {
     Ok(shared.state)
 }
 
+/// Makes the next token this server hands out higher than `token`, a token handed out by
+/// another server's ledger for a lock id that now lives here (a shard moved on a Citus
+/// cluster: `citus.rs`). Exact, not a margin: the era in force becomes the token's era if
+/// that is higher, and the counter goes past the token's; a write (flushed before it
+/// returns) only when the reservation on disk does not already cover it. Nothing when the
+/// next token is already higher.
+pub fn raise_past(token: i64) -> Result<(), LockError> {
+    require_preloaded()?;
+    let timeline = timeline_now()?;
+    let layout = Layout::of(token);
+    let (era, counter) = layout.split(token);
+    // Whether the next token is above `token` already, or can be by skipping counters the
+    // reservation on disk covers (a gap); None when a write must come first.
+    let covered = |shared: &mut Shared| -> Option<()> {
+        let state = shared.state;
+        if state.layout == 0 || state.timeline != timeline {
+            return None;
+        }
+        match (state.layout(), layout) {
+            (Layout::Wide, Layout::Safe) => return Some(()),
+            (a, b) if a != b => return None,
+            _ => {}
+        }
+        let now = state.era(timeline);
+        if era < now {
+            return Some(());
+        }
+        let issued = shared.issued.unwrap_or(state.reserved);
+        if era == now && (issued >= counter || counter <= state.reserved) {
+            shared.issued = Some(issued.max(counter));
+            return Some(());
+        }
+        None
+    };
+    {
+        let mut shared = LEDGER.exclusive();
+        load(&mut shared, timeline)?;
+        if covered(&mut shared).is_some() {
+            return Ok(());
+        }
+    }
+    let _writing = writing()?;
+    // As in `raise`: no token under the state being replaced while it is written.
+    let mut shared = LEDGER.exclusive();
+    load(&mut shared, timeline)?;
+    if covered(&mut shared).is_some() {
+        return Ok(());
+    }
+    let state = shared.state;
+    if state.layout != 0 && state.layout() != layout {
+        // A Safe ledger below a Wide token: never on Citus, which lockext serves only
+        // in layout 2 (PostgreSQL 16 and later, never upgraded from 0.2.0).
+        return Err(LockError::TokensExhausted { what: "era" });
+    }
+    let floor = layout.floor(timeline).max(0);
+    let now = if state.layout == 0 {
+        floor
+    } else {
+        state.era(timeline)
+    };
+    let base = if state.layout == 0 { 0 } else { state.base };
+    let issued = shared.issued.unwrap_or(state.reserved).max(counter);
+    let next = State {
+        layout: layout.code(),
+        base: base + (era - now).max(0),
+        reserved: (state.reserved.max(counter) + BLOCK).min(layout.max_counter()),
+        timeline,
+    };
+    check_era(&next, timeline)?;
+    write_out(&next)?;
+    shared.state = next;
+    shared.issued = Some(issued);
+    Ok(())
+}
+
 fn check_era(state: &State, timeline: u32) -> Result<(), LockError> {
     if state.era(timeline) >= state.layout().era_limit() {
         return Err(LockError::TokensExhausted { what: "era" });

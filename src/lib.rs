@@ -7,6 +7,7 @@ use pgrx::prelude::*;
 mod backend;
 mod caller;
 mod catalog;
+mod citus;
 mod claims;
 mod commit;
 mod compat;
@@ -78,6 +79,16 @@ extension_sql_file!(
     "../sql/preload.sql",
     name = "preload",
     requires = [stats::stats]
+);
+// lockext.citus_distribute(), over the lease functions it has Citus delegate.
+extension_sql_file!(
+    "../sql/citus.sql",
+    name = "citus",
+    requires = [
+        lease::lock_acquire_0_3,
+        lease::lock_renew_0_3,
+        lease::lock_release_0_3
+    ]
 );
 // Roles and EXECUTE grants, once the functions exist.
 extension_sql_file!("../sql/privileges.sql", name = "privileges", finalize);

@@ -1128,6 +1128,11 @@ pub fn watch_drops() {
 
 /// When the database next needs a round (a TimestampTz; timestamptz's infinity: never).
 fn next_due() -> Result<pg_sys::TimestampTz, LockError> {
+    let dues = crate::citus::on_each_local_shard(next_due_here)?;
+    Ok(dues.into_iter().min().unwrap_or(status::NEVER))
+}
+
+fn next_due_here() -> Result<pg_sys::TimestampTz, LockError> {
     Spi::connect_mut(|client| {
         let now = backend::now()?;
         let due = first_named::<TimestampWithTimeZone>(
@@ -1161,6 +1166,15 @@ fn reap() -> i64 {
 /// Returns how many leases, and whether any kind had more. Also run by `lockext.reap()`,
 /// in a client's backend.
 pub fn reap_batch(limit: i32, sweep: bool) -> Result<(u64, bool), LockError> {
+    let batches = crate::citus::on_each_local_shard(|| reap_batch_here(limit, sweep))?;
+    Ok(batches
+        .into_iter()
+        .fold((0, false), |(total, more), (n, m)| (total + n, more || m)))
+}
+
+/// `reap_batch` on the tables as the statements name them (on a Citus worker, one group of
+/// its shards: `citus::on_each_local_shard`).
+fn reap_batch_here(limit: i32, sweep: bool) -> Result<(u64, bool), LockError> {
     Spi::connect_mut(|client| {
         let now = backend::now()?;
         let notify = crate::events::enabled();

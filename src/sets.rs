@@ -42,6 +42,11 @@ fn lock_acquire_all_0_3(
         name!(expires_at, TimestampWithTimeZone),
     ),
 > {
+    crate::citus::refuse(
+        "lock_acquire_all is not available yet",
+        crate::citus::ONLY_LEASES,
+    )
+    .or_report();
     TableIterator::new(
         caller::as_member(|| {
             acquire_all(lock_ids, owner, ttl, wait, mode, session_bound, keepalive)
@@ -64,6 +69,11 @@ type GrantRow = (
 #[pg_extern(volatile, parallel_unsafe, name = "lock_release_all")]
 #[search_path(pg_catalog, pg_temp)]
 fn lock_release_all_0_3(lock_ids: Option<Vec<Option<TextBuf>>>, owner: Option<Text<'_>>) -> i32 {
+    crate::citus::refuse(
+        "lock_release_all is not available yet",
+        crate::citus::ONLY_LEASES,
+    )
+    .or_report();
     caller::as_member(|| release_all(lock_ids, owner)).or_report()
 }
 

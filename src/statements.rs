@@ -215,6 +215,105 @@ thread_local! {
     static PLANS: RefCell<HashMap<&'static str, &'static OwnedPreparedStatement>> = RefCell::new(HashMap::new());
 }
 
+// ---- the relations of a call on a Citus cluster ------------------------------------------
+
+thread_local! {
+    // While a call runs on a Citus worker (`citus::route`): each distributed table of
+    // lockext's, as its statements name it, with the name of the shard that holds the
+    // call's lock id on this node. Empty otherwise.
+    static RELATIONS: RefCell<Vec<(&'static str, String)>> = const { RefCell::new(Vec::new()) };
+    // Each statement's text with a call's shard names in place, made once per backend and
+    // set of shards, and kept as the key of its plan (leaked, as the plans are).
+    static ROUTED: RefCell<HashMap<(&'static str, String), &'static str>> = RefCell::new(HashMap::new());
+}
+
+/// Puts back the relations in force before `with_relations`, when dropped.
+pub struct RelationsInForce {
+    before: Vec<(&'static str, String)>,
+}
+
+impl Drop for RelationsInForce {
+    fn drop(&mut self) {
+        let before = std::mem::take(&mut self.before);
+        RELATIONS.with(|r| *r.borrow_mut() = before);
+    }
+}
+
+/// Until the returned guard is dropped, every statement names, instead of each table of
+/// `relations` (`lockext.locks`), the relation given with it (a shard of it on this node,
+/// `lockext.locks_102008`). A statement's text is changed only where it names the table as a
+/// whole word, schema-qualified as every statement names its tables.
+pub fn with_relations(relations: Vec<(&'static str, String)>) -> RelationsInForce {
+    let before = RELATIONS.with(|r| std::mem::replace(&mut *r.borrow_mut(), relations));
+    RelationsInForce { before }
+}
+
+/// `sql` with the relations in force in place of the tables they stand for; `sql` itself
+/// when none are (every call on a server without Citus).
+fn in_force(sql: &'static str) -> &'static str {
+    RELATIONS.with(|r| {
+        let relations = r.borrow();
+        if relations.is_empty() {
+            return sql;
+        }
+        let names: String = relations
+            .iter()
+            .map(|(_, to)| to.as_str())
+            .collect::<Vec<_>>()
+            .join(",");
+        let key = (sql, names);
+        if let Some(text) = ROUTED.with(|m| m.borrow().get(&key).copied()) {
+            return text;
+        }
+        let text: &'static str = Box::leak(replace_relations(sql, &relations).into_boxed_str());
+        ROUTED.with(|m| m.borrow_mut().insert(key, text));
+        text
+    })
+}
+
+/// `sql` with each `table` of `relations` replaced by its relation where it stands as a
+/// whole name (not a prefix of a longer one: `lockext.locks` in `lockext.locks_idx` stays).
+fn replace_relations(sql: &str, relations: &[(&'static str, String)]) -> String {
+    let mut out = String::with_capacity(sql.len() + 64);
+    let mut rest = sql;
+    let mut quoted = false;
+    'scan: while !rest.is_empty() {
+        if !quoted && rest.starts_with("--") {
+            // A comment, to the end of its line: copied as it is (an apostrophe there
+            // starts no literal).
+            let end = rest.find('\n').unwrap_or(rest.len());
+            out.push_str(&rest[..end]);
+            rest = &rest[end..];
+            continue;
+        }
+        // Not inside a string literal ('lockext.locks'::regclass names the table itself).
+        for (table, to) in relations.iter().filter(|_| !quoted) {
+            if let Some(after) = rest.strip_prefix(table) {
+                let whole = after
+                    .chars()
+                    .next()
+                    .is_none_or(|c| !(c.is_alphanumeric() || c == '_'));
+                let starts = out
+                    .chars()
+                    .last()
+                    .is_none_or(|c| !(c.is_alphanumeric() || c == '_' || c == '.'));
+                if whole && starts {
+                    out.push_str(to);
+                    rest = after;
+                    continue 'scan;
+                }
+            }
+        }
+        let mut chars = rest.chars();
+        if let Some(c) = chars.next() {
+            quoted ^= c == '\'';
+            out.push(c);
+        }
+        rest = chars.as_str();
+    }
+    out
+}
+
 /// Runs `sql` through its plan kept in this backend, prepared first with the parameter
 /// types `types` gives if there is none yet.
 fn run_kept<'conn, I: Iterator<Item = PgBuiltInOids>>(
@@ -223,6 +322,7 @@ fn run_kept<'conn, I: Iterator<Item = PgBuiltInOids>>(
     client: &mut SpiClient<'conn>,
     args: &[DatumWithOid<'_>],
 ) -> SpiResult<SpiTupleTable<'conn>> {
+    let sql = in_force(sql);
     let key = sql;
     let kept = PLANS.with(|plans| plans.borrow().get(key).copied());
     let plan = match kept {
@@ -277,6 +377,7 @@ fn read_rows<I: Iterator<Item = PgBuiltInOids>>(
     snapshot: pg_sys::Snapshot,
 ) -> Vec<LatestRow> {
     {
+        let sql_text = in_force(sql_text);
         let plan = RAW_PLANS.with(|plans| {
             *plans.borrow_mut().entry(sql_text).or_insert_with(|| {
                 let sql = CString::new(sql_text).expect("statement text has no NUL");

@@ -173,9 +173,14 @@ fn read_row(epoch_table: pg_sys::Oid) -> Option<Row> {
 }
 
 fn read_evidence(epoch_table: pg_sys::Oid) -> Evidence {
+    // On a Citus cluster the lease tables hold every node's tokens, which are not a history
+    // from elsewhere: each lock id's rise is kept by its highest (`citus.rs`), and adopting
+    // them would have each node pass the others' eras, round after round.
+    let distributed = crate::citus::distributed().unwrap_or(false);
     let highest_kept = HIGHEST_KEPT
         .iter()
         .filter(|(table, _)| catalog::lockext_relation(table).is_some())
+        .filter(|(table, _)| !(distributed && crate::citus::is_distributed(table)))
         .filter_map(|(_, statement)| statement.read_latest(Args::new())?.get::<i64>("highest"))
         .max();
     Evidence {

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 pub use postgres::{Client, NoTls};
 
 pub mod checks;
+pub mod citus;
 pub mod client;
 pub mod crash;
 pub mod gdb;

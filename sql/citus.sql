@@ -1,0 +1,34 @@
+-- lockext on a Citus cluster (src/citus.rs, docs/citus.md): run once, on the coordinator, by
+-- the owner of lockext's tables (a superuser), after CREATE EXTENSION lockext there.
+-- Distributes the lease tables by lock id in one colocation group (shard_count shards), and
+-- has Citus delegate lock_acquire, lock_renew and lock_release to the node that holds
+-- their lock id's shard (by their first argument). Until it runs, lockext on a Citus
+-- cluster is a single-node lock service on each node, as on any server. Idempotent: a
+-- table or function already distributed is left as it is.
+CREATE FUNCTION lockext.citus_distribute(shard_count integer DEFAULT 32) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    t text;
+    f text;
+BEGIN
+    IF NOT EXISTS (SELECT FROM pg_extension WHERE extname = 'citus') THEN
+        RAISE EXCEPTION 'lockext.citus_distribute() needs the citus extension in this database'
+            USING ERRCODE = '55000';
+    END IF;
+    IF NOT EXISTS (SELECT FROM pg_dist_partition WHERE logicalrelid = 'lockext.locks'::regclass) THEN
+        PERFORM create_distributed_table('lockext.locks', 'lock_id', shard_count => shard_count);
+    END IF;
+    FOREACH t IN ARRAY ARRAY['lockext.shared_leases', 'lockext.lease_values', 'lockext.lock_tokens'] LOOP
+        IF NOT EXISTS (SELECT FROM pg_dist_partition WHERE logicalrelid = t::regclass) THEN
+            PERFORM create_distributed_table(t, 'lock_id', colocate_with => 'lockext.locks');
+        END IF;
+    END LOOP;
+    FOREACH f IN ARRAY ARRAY[
+        'lockext.lock_acquire(text,text,interval,interval,interval,text,integer,boolean,bigint)',
+        'lockext.lock_renew(text,text,interval,bigint)',
+        'lockext.lock_release(text,text,bigint)'] LOOP
+        PERFORM create_distributed_function(f::regprocedure, '$1', colocate_with => 'lockext.locks');
+    END LOOP;
+END
+$$;
+REVOKE ALL ON FUNCTION lockext.citus_distribute(integer) FROM PUBLIC;

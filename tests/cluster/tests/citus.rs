@@ -1,0 +1,453 @@
+//! lockext on a Citus cluster (docs/citus.md): a coordinator and two workers, the lease
+//! tables distributed by `lockext.citus_distribute()`, each call delegated to the node of
+//! its lock id. PostgreSQL 16 or newer with Citus installed (`make citus`).
+//!
+//! - `citus_leases_through_the_coordinator_and_the_workers`: grant, renew, release through
+//!   the coordinator and straight to either worker; what is refused (0A000); the reaper of
+//!   each worker ends the expired leases of its own shards.
+//! - `citus_tokens_rise_through_shard_moves_under_contention`: clients contend for lock ids
+//!   through the coordinator while their shards move from the worker whose ledger is far
+//!   ahead to the other and back, and a rebalance runs; from what the clients saw, no two
+//!   holders at once and no token that goes back for a lock id. The checker is first shown a
+//!   history it must reject, and the naive design (a token from each node's own counter,
+//!   the article's sequence per node) run through the same move is shown to break it.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use lockext_cluster_tests::checks::Checks;
+use lockext_cluster_tests::citus::CitusCluster;
+use lockext_cluster_tests::history::now_us;
+use lockext_cluster_tests::{eventually, Client};
+
+/// The SQLSTATE of an error, or "" for one without.
+fn sqlstate(e: &postgres::Error) -> String {
+    e.code().map(|c| c.code().to_string()).unwrap_or_default()
+}
+
+fn distributed(shards: i32) -> CitusCluster {
+    let cluster = CitusCluster::start("citus", 2, "");
+    cluster
+        .connect()
+        .query_one("SELECT lockext.citus_distribute($1)", &[&shards])
+        .expect("lockext.citus_distribute");
+    cluster
+}
+
+fn acquire(c: &mut Client, lock: &str, owner: &str) -> Result<Option<i64>, postgres::Error> {
+    c.query_one(
+        "SELECT fence_token FROM lockext.lock_acquire($1, $2, '30 seconds')",
+        &[&lock, &owner],
+    )
+    .map(|row| row.get("fence_token"))
+}
+
+#[test]
+fn citus_leases_through_the_coordinator_and_the_workers() {
+    let cluster = distributed(8);
+    let mut checks = Checks::new("citus leases");
+    let mut c = cluster.connect();
+
+    let t1 = acquire(&mut c, "a", "me")
+        .expect("acquire a")
+        .expect("granted");
+    let rival = acquire(&mut c, "a", "you").expect("acquire a by another");
+    checks.check(
+        rival.is_none(),
+        format!("a held: another owner is refused ({rival:?})"),
+    );
+    let renewed: Option<std::time::SystemTime> = c
+        .query_one(
+            "SELECT lockext.lock_renew('a', 'me', '30 seconds') AS r",
+            &[],
+        )
+        .expect("renew")
+        .get("r");
+    checks.check(renewed.is_some(), "renewed through the coordinator".into());
+    let released: bool = c
+        .query_one("SELECT lockext.lock_release('a', 'me') AS r", &[])
+        .expect("release")
+        .get("r");
+    checks.check(released, "released through the coordinator".into());
+    let t2 = acquire(&mut c, "a", "you")
+        .expect("acquire a again")
+        .expect("granted");
+    checks.check(
+        t2 > t1,
+        format!("the next grant of a is above the last ({t2} > {t1})"),
+    );
+
+    // Straight to each worker: the one that holds the shard runs it, the other forwards it.
+    let shard = cluster.shard_of("lockext.locks", "b");
+    let home = cluster.node_port_of_shard(shard);
+    let mut tokens = Vec::new();
+    for worker in &cluster.workers {
+        let mut w = worker.connect();
+        tokens.push(acquire(&mut w, "b", "me").expect("acquire b on a worker"));
+    }
+    checks.check(
+        tokens[0].is_some() && tokens[0] == tokens[1],
+        format!("b from either worker (home port {home}): one grant, its retry answered with it ({tokens:?})"),
+    );
+    let high: i64 = c
+        .query_one(
+            "SELECT high FROM lockext.lock_tokens WHERE lock_id = 'b'",
+            &[],
+        )
+        .expect("lock_tokens of b")
+        .get("high");
+    checks.check(
+        Some(high) == tokens[0],
+        format!("b's highest is recorded ({high})"),
+    );
+
+    // Refused on a distributed installation, with 0A000, changing nothing.
+    let refused = |c: &mut Client, sql: &str| match c.batch_execute(sql) {
+        Ok(()) => "no error".to_string(),
+        Err(e) => sqlstate(&e),
+    };
+    for sql in [
+        "BEGIN; SELECT lockext.lock_acquire('c', 'me', '30 seconds'); COMMIT",
+        "SELECT lockext.lock_acquire('c', 'me', '30 seconds', wait => '1 second')",
+        "SELECT lockext.lock_acquire('c', 'me', '30 seconds', session_bound => true)",
+        "SELECT lockext.lock_acquire_all(ARRAY['c', 'd'], 'me', '30 seconds')",
+        "SELECT lockext.fenced_update('r', 1, '{}')",
+        "SELECT lockext.lock_keepalive_grant('30 seconds')",
+        // Not delegated (a CTE): run on the coordinator, which holds no shard.
+        "WITH g AS (SELECT * FROM lockext.lock_acquire('c', 'me', '30 seconds')) SELECT * FROM g",
+    ] {
+        let code = refused(&mut c, sql);
+        let _ = c.batch_execute("ROLLBACK");
+        checks.check(
+            code == "0A000",
+            format!("refused with 0A000: {sql} ({code})"),
+        );
+    }
+    let c_rows: i64 = c
+        .query_one(
+            "SELECT count(*) AS n FROM lockext.locks WHERE lock_id = 'c'",
+            &[],
+        )
+        .expect("count c")
+        .get("n");
+    checks.check(c_rows == 0, "the refused calls granted nothing".into());
+
+    // The reaper of the worker that holds e's shard ends its expired lease.
+    c.query_one("SELECT lockext.lock_acquire('e', 'me', '1 second')", &[])
+        .expect("acquire e");
+    eventually(Duration::from_secs(30), "the reaper ends e's lease", || {
+        let n: i64 = c
+            .query_one(
+                "SELECT count(*) AS n FROM lockext.locks WHERE lock_id = 'e'",
+                &[],
+            )
+            .ok()?
+            .get("n");
+        (n == 0).then_some(())
+    });
+    checks.check(true, "a worker's reaper ended e's expired lease".into());
+    for node in cluster.nodes() {
+        let log = node.log();
+        let failed = log
+            .lines()
+            .filter(|l| l.contains("reaper") && l.contains("failed"))
+            .count();
+        checks.check(
+            failed == 0,
+            format!("{}: no failed reaper round ({failed})", node.name),
+        );
+    }
+    checks.finish();
+}
+
+/// One exclusive grant as a client saw it: when it sent the acquire and heard the token,
+/// and when it sent the release that succeeded (microseconds of the clients' clock).
+#[derive(Clone, Debug)]
+struct Grant {
+    lock: String,
+    token: i64,
+    sent: i64,
+    acked: i64,
+    release_sent: i64,
+}
+
+/// Every violation of the two promises in `grants`: a grant asked for after another of the
+/// same lock id was answered, with a token not above it; two grants of one lock id held at
+/// once (each surely held from its answer to its release's sending).
+fn violations(grants: &[Grant]) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut locks: Vec<&str> = grants.iter().map(|g| g.lock.as_str()).collect();
+    locks.sort_unstable();
+    locks.dedup();
+    for lock in locks {
+        let mut of: Vec<&Grant> = grants.iter().filter(|g| g.lock == lock).collect();
+        of.sort_by_key(|g| g.acked);
+        // Tokens: the highest token answered before each grant was asked for.
+        let mut highest = Vec::with_capacity(of.len());
+        let mut max = i64::MIN;
+        for g in &of {
+            max = max.max(g.token);
+            highest.push(max);
+        }
+        for g in &of {
+            let before = of.partition_point(|a| a.acked < g.sent);
+            if before > 0 && highest[before - 1] >= g.token {
+                out.push(format!(
+                    "{lock}: token {} asked for after {} was answered",
+                    g.token,
+                    highest[before - 1]
+                ));
+            }
+        }
+        // Holders: answers in order, none before the release of an earlier one was sent.
+        let mut held_until = (i64::MIN, 0i64);
+        for g in &of {
+            if g.acked < held_until.0 {
+                out.push(format!(
+                    "{lock}: token {} answered while token {} was held",
+                    g.token, held_until.1
+                ));
+            }
+            if g.release_sent > held_until.0 {
+                held_until = (g.release_sent, g.token);
+            }
+        }
+    }
+    out
+}
+
+/// Clients that acquire and release `locks` through `coordinator` until `stop`; each grant
+/// as its client saw it. A call refused with 40001 (its shard moved under it) is called
+/// again, as a client would; any other error fails the test.
+fn contend(
+    port: u16,
+    locks: Vec<String>,
+    clients: usize,
+    stop: Arc<AtomicBool>,
+    acquire_sql: &'static str,
+) -> Vec<thread::JoinHandle<(Vec<Grant>, u64)>> {
+    (0..clients)
+        .map(|n| {
+            let locks = locks.clone();
+            let stop = stop.clone();
+            thread::spawn(move || {
+                let url = format!("host=127.0.0.1 port={port} user=postgres dbname=postgres");
+                let mut c = Client::connect(&url, postgres::NoTls).expect("connect");
+                let owner = format!("client-{n}");
+                let (mut grants, mut retries) = (Vec::new(), 0u64);
+                let mut i = n;
+                while !stop.load(Ordering::Relaxed) {
+                    i += 1;
+                    let lock = &locks[i % locks.len()];
+                    let sent = now_us();
+                    let token: Option<i64> = match c.query_one(acquire_sql, &[lock, &owner]) {
+                        Ok(row) => row.get(0),
+                        Err(e) if sqlstate(&e) == "40001" => {
+                            retries += 1;
+                            continue;
+                        }
+                        Err(e) => panic!("{owner}: acquire {lock}: {e}"),
+                    };
+                    let acked = now_us();
+                    let Some(token) = token else { continue };
+                    let release_sent = loop {
+                        let at = now_us();
+                        match c.query_one("SELECT lockext.lock_release($1, $2)", &[lock, &owner]) {
+                            Ok(_) => break at,
+                            Err(e) if sqlstate(&e) == "40001" => retries += 1,
+                            Err(e) => panic!("{owner}: release {lock}: {e}"),
+                        }
+                    };
+                    grants.push(Grant {
+                        lock: lock.clone(),
+                        token,
+                        sent,
+                        acked,
+                        release_sent,
+                    });
+                }
+                (grants, retries)
+            })
+        })
+        .collect()
+}
+
+/// Lock ids whose shards are on `port`, `n` of them, each in a shard of its own.
+fn locks_on(cluster: &CitusCluster, port: u16, prefix: &str, n: usize) -> Vec<(String, i64)> {
+    let mut out: Vec<(String, i64)> = Vec::new();
+    for i in 0.. {
+        let lock = format!("{prefix}{i}");
+        let shard = cluster.shard_of("lockext.locks", &lock);
+        if cluster.node_port_of_shard(shard) == port && !out.iter().any(|(_, s)| *s == shard) {
+            out.push((lock, shard));
+            if out.len() == n {
+                break;
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn citus_tokens_rise_through_shard_moves_under_contention() {
+    let mut checks = Checks::new("citus moves");
+    // The checker rejects a history that breaks each promise.
+    let bad = |token, sent, acked, release_sent| Grant {
+        lock: "x".into(),
+        token,
+        sent,
+        acked,
+        release_sent,
+    };
+    let backwards = violations(&[bad(10, 0, 1, 2), bad(5, 3, 4, 5)]);
+    let overlap = violations(&[bad(10, 0, 1, 5), bad(11, 2, 3, 6)]);
+    let fine = violations(&[bad(10, 0, 1, 2), bad(11, 3, 4, 5)]);
+    checks.check(
+        backwards.len() == 1 && overlap.len() == 1 && fine.is_empty(),
+        format!("the checker: {backwards:?} {overlap:?} {fine:?}"),
+    );
+
+    let cluster = distributed(8);
+    let (w1, w2) = (cluster.workers[0].port, cluster.workers[1].port);
+    // Worker 1's ledger far ahead of worker 2's: 1 500 grants of one lock id on it.
+    let warm = &locks_on(&cluster, w1, "warm-", 1)[0].0;
+    let mut w = cluster.worker(w1).connect();
+    for _ in 0..1500 {
+        acquire(&mut w, warm, "warm")
+            .expect("warm")
+            .expect("granted");
+        w.query_one("SELECT lockext.lock_release($1, 'warm')", &[warm])
+            .expect("release warm");
+    }
+    let mut c = cluster.connect();
+    let hot = locks_on(&cluster, w1, "hot-", 2);
+    let cold = locks_on(&cluster, w2, "cold-", 2);
+    let locks: Vec<String> = hot.iter().chain(&cold).map(|(l, _)| l.clone()).collect();
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let started = Instant::now();
+    let clients = contend(
+        cluster.coordinator.port,
+        locks.clone(),
+        4,
+        stop.clone(),
+        "SELECT fence_token FROM lockext.lock_acquire($1, $2, '30 seconds')",
+    );
+    thread::sleep(Duration::from_secs(2));
+    // The hot ids' shards to the worker whose ledger is behind, the cold ones' the other
+    // way, then back, then a rebalance: each while the clients contend.
+    for (_, shard) in &hot {
+        cluster.move_shard(*shard, w1, w2);
+    }
+    for (_, shard) in &cold {
+        cluster.move_shard(*shard, w2, w1);
+    }
+    thread::sleep(Duration::from_secs(1));
+    for (_, shard) in &hot {
+        cluster.move_shard(*shard, w2, w1);
+    }
+    cluster.rebalance();
+    thread::sleep(Duration::from_secs(1));
+    stop.store(true, Ordering::Relaxed);
+    let (mut grants, mut retries) = (Vec::new(), 0);
+    for client in clients {
+        let (g, r) = client.join().expect("a client");
+        grants.extend(g);
+        retries += r;
+    }
+    println!(
+        "citus moves: {} grants of {} lock ids in {:?}, {retries} calls refused with 40001 and called again",
+        grants.len(),
+        locks.len(),
+        started.elapsed()
+    );
+    for lock in &locks {
+        let n = grants.iter().filter(|g| &g.lock == lock).count();
+        checks.check(n >= 20, format!("{lock}: {n} grants"));
+    }
+    let found = violations(&grants);
+    checks.check(
+        found.is_empty(),
+        format!(
+            "no token back, no two holders: {:?}",
+            &found[..found.len().min(5)]
+        ),
+    );
+    // Every grant acknowledged is the lock id's highest or below it, wherever its shard is.
+    for lock in &locks {
+        let high: i64 = c
+            .query_one(
+                "SELECT high FROM lockext.lock_tokens WHERE lock_id = $1",
+                &[lock],
+            )
+            .expect("high")
+            .get("high");
+        let seen = grants
+            .iter()
+            .filter(|g| &g.lock == lock)
+            .map(|g| g.token)
+            .max();
+        checks.check(
+            seen <= Some(high),
+            format!("{lock}: highest {high} >= every token seen {seen:?}"),
+        );
+    }
+
+    // The naive design through the same move: a token from each node's own counter.
+    c.batch_execute(NAIVE).expect("the naive stand-in");
+    for worker in &cluster.workers {
+        worker
+            .connect()
+            .batch_execute("SET citus.enable_ddl_propagation = off; CREATE SEQUENCE naive.counter")
+            .expect("a counter on each worker");
+    }
+    let (naive_lock, naive_shard) = locks_on(&cluster, w1, "naive-", 1).remove(0);
+    let mut naive = Vec::new();
+    let mut grant_naive = |c: &mut Client| {
+        let sent = now_us();
+        let token: i64 = c
+            .query_one("SELECT naive.acquire($1, 'me')", &[&naive_lock])
+            .expect("naive acquire")
+            .get(0);
+        let acked = now_us();
+        naive.push(Grant {
+            lock: naive_lock.clone(),
+            token,
+            sent,
+            acked,
+            release_sent: acked,
+        });
+    };
+    for _ in 0..50 {
+        grant_naive(&mut c);
+    }
+    grant_naive(&mut c);
+    cluster.move_shard(naive_shard, w1, w2);
+    grant_naive(&mut c);
+    let naive_found = violations(&naive);
+    checks.check(
+        !naive_found.is_empty(),
+        format!("the naive design gives a token back after the move: {naive_found:?}"),
+    );
+    checks.finish();
+}
+
+/// The article's design on Citus: a lease table distributed by lock id, and a token from a
+/// sequence of the node the call runs on (`naive.counter`, made on each worker by hand:
+/// Citus does not create a standalone sequence on the workers).
+const NAIVE: &str = "
+CREATE SCHEMA naive;
+CREATE TABLE naive.leases (lock_id text PRIMARY KEY, owner text NOT NULL, token bigint NOT NULL);
+SELECT create_distributed_table('naive.leases', 'lock_id', colocate_with => 'lockext.locks');
+CREATE FUNCTION naive.acquire(lock text, who text) RETURNS bigint LANGUAGE plpgsql AS $$
+DECLARE t bigint;
+BEGIN
+  t := nextval('naive.counter');
+  INSERT INTO naive.leases VALUES (lock, who, t)
+    ON CONFLICT (lock_id) DO UPDATE SET owner = excluded.owner, token = excluded.token;
+  RETURN t;
+END $$;
+SELECT create_distributed_function('naive.acquire(text,text)', '$1', colocate_with => 'naive.leases');
+";
