@@ -3,13 +3,16 @@
 -- Distributes the lease tables by lock id in one colocation group (shard_count shards), and
 -- has Citus delegate lock_acquire, lock_renew and lock_release to the node that holds
 -- their lock id's shard (by their first argument). Until it runs, lockext on a Citus
--- cluster is a single-node lock service on each node, as on any server. Idempotent: a
--- table or function already distributed is left as it is.
+-- cluster is a single-node lock service on each node, as on any server: so, last, it records
+-- the highest token any node can have handed out until now (lockext.token_floor, a
+-- reference table), which every grant after it starts above. Idempotent: a table or
+-- function already distributed is left as it is, and so is the floor once recorded.
 CREATE FUNCTION lockext.citus_distribute(shard_count integer DEFAULT 32) RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     t text;
     f text;
+    failed text;
 BEGIN
     IF NOT EXISTS (SELECT FROM pg_extension WHERE extname = 'citus') THEN
         RAISE EXCEPTION 'lockext.citus_distribute() needs the citus extension in this database'
@@ -29,6 +32,21 @@ BEGIN
         'lockext.lock_release(text,text,bigint)'] LOOP
         PERFORM create_distributed_function(f::regprocedure, '$1', colocate_with => 'lockext.locks');
     END LOOP;
+    IF NOT EXISTS (SELECT FROM pg_dist_partition WHERE logicalrelid = 'lockext.token_floor'::regclass) THEN
+        SELECT string_agg(format('node %s: %s', nodeid, result), '; ') INTO failed
+          FROM run_command_on_all_nodes('SELECT lockext.highest_issued_token()')
+         WHERE NOT success;
+        IF failed IS NOT NULL THEN
+            RAISE EXCEPTION 'lockext.citus_distribute() could not read every node''s highest token: %', failed
+                USING ERRCODE = '55000';
+        END IF;
+        INSERT INTO lockext.token_floor
+        SELECT true, coalesce(max(result::bigint), 0)
+          FROM run_command_on_all_nodes('SELECT lockext.highest_issued_token()')
+        ON CONFLICT (singleton) DO NOTHING;
+        PERFORM create_reference_table('lockext.token_floor');
+    END IF;
 END
 $$;
 REVOKE ALL ON FUNCTION lockext.citus_distribute(integer) FROM PUBLIC;
+REVOKE ALL ON FUNCTION lockext.highest_issued_token() FROM PUBLIC;

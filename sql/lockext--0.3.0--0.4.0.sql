@@ -70,12 +70,31 @@ CREATE TABLE lockext.lock_tokens (
 SELECT pg_catalog.pg_extension_config_dump('lockext.lock_tokens', '');
 REVOKE ALL ON lockext.lock_tokens FROM PUBLIC;
 GRANT SELECT ON lockext.lock_tokens TO PUBLIC;
+-- On a Citus cluster (src/citus.rs): the highest token any node can have handed out when
+-- lockext.citus_distribute() distributed the lease tables (before it, each node minted for
+-- its own tables). Every grant there starts above it, and above its lock id's highest.
+-- A reference table there (on every node, and on nodes added later); empty on one server.
+CREATE TABLE lockext.token_floor (
+    singleton boolean PRIMARY KEY CHECK (singleton),
+    floor     bigint  NOT NULL
+);
+SELECT pg_catalog.pg_extension_config_dump('lockext.token_floor', '');
+REVOKE ALL ON lockext.token_floor FROM PUBLIC;
+GRANT SELECT ON lockext.token_floor TO PUBLIC;
 
+
+-- ---- Citus: lockext.citus_distribute() (sql/citus.sql) ---------------------------------
+CREATE FUNCTION lockext."highest_issued_token"() RETURNS bigint /* i64 */
+STRICT VOLATILE PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'highest_issued_token_wrapper';
 CREATE FUNCTION lockext.citus_distribute(shard_count integer DEFAULT 32) RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     t text;
     f text;
+    failed text;
 BEGIN
     IF NOT EXISTS (SELECT FROM pg_extension WHERE extname = 'citus') THEN
         RAISE EXCEPTION 'lockext.citus_distribute() needs the citus extension in this database'
@@ -95,6 +114,21 @@ BEGIN
         'lockext.lock_release(text,text,bigint)'] LOOP
         PERFORM create_distributed_function(f::regprocedure, '$1', colocate_with => 'lockext.locks');
     END LOOP;
+    IF NOT EXISTS (SELECT FROM pg_dist_partition WHERE logicalrelid = 'lockext.token_floor'::regclass) THEN
+        SELECT string_agg(format('node %s: %s', nodeid, result), '; ') INTO failed
+          FROM run_command_on_all_nodes('SELECT lockext.highest_issued_token()')
+         WHERE NOT success;
+        IF failed IS NOT NULL THEN
+            RAISE EXCEPTION 'lockext.citus_distribute() could not read every node''s highest token: %', failed
+                USING ERRCODE = '55000';
+        END IF;
+        INSERT INTO lockext.token_floor
+        SELECT true, coalesce(max(result::bigint), 0)
+          FROM run_command_on_all_nodes('SELECT lockext.highest_issued_token()')
+        ON CONFLICT (singleton) DO NOTHING;
+        PERFORM create_reference_table('lockext.token_floor');
+    END IF;
 END
 $$;
 REVOKE ALL ON FUNCTION lockext.citus_distribute(integer) FROM PUBLIC;
+REVOKE ALL ON FUNCTION lockext.highest_issued_token() FROM PUBLIC;

@@ -179,6 +179,15 @@ CREATE TABLE lockext.lock_tokens (
     high    bigint NOT NULL
 );
 
+-- On a Citus cluster (src/citus.rs): the highest token any node can have handed out when
+-- lockext.citus_distribute() distributed the lease tables (before it, each node minted for
+-- its own tables). Every grant there starts above it, and above its lock id's highest.
+-- A reference table there (on every node, and on nodes added later); empty on one server.
+CREATE TABLE lockext.token_floor (
+    singleton boolean PRIMARY KEY CHECK (singleton),
+    floor     bigint  NOT NULL
+);
+
 -- pg_dump skips extension members unless they are marked: without this a restore would
 -- bring back no leases, no high-water marks and no era. The token sequence is not marked:
 -- a restore always starts a new era (src/token.rs), so its counter may start again, and a
@@ -190,14 +199,15 @@ SELECT pg_catalog.pg_extension_config_dump('lockext.token_epoch', '');
 SELECT pg_catalog.pg_extension_config_dump('lockext.lease_values', '');
 SELECT pg_catalog.pg_extension_config_dump('lockext.keepalives', '');
 SELECT pg_catalog.pg_extension_config_dump('lockext.lock_tokens', '');
+SELECT pg_catalog.pg_extension_config_dump('lockext.token_floor', '');
 
 -- Least privilege: nobody writes these tables but lockext's functions (which run as their
 -- owner: SECURITY DEFINER, or src/caller.rs for the lease functions).
 -- Reading them is harmless and useful to operators, so it is granted.
 REVOKE ALL ON lockext.locks, lockext.shared_leases, lockext.resources, lockext.token_epoch,
-    lockext.keepalives, lockext.lock_tokens, lockext.fence_token_seq FROM PUBLIC;
+    lockext.keepalives, lockext.lock_tokens, lockext.token_floor, lockext.fence_token_seq FROM PUBLIC;
 GRANT SELECT ON lockext.locks, lockext.shared_leases, lockext.resources, lockext.token_epoch,
-    lockext.keepalives, lockext.lock_tokens TO PUBLIC;
+    lockext.keepalives, lockext.lock_tokens, lockext.token_floor TO PUBLIC;
 -- Values are what leaders publish to their followers: read by members of lockext_user
 -- through lock_holders and lock_observe, not by every role.
 REVOKE ALL ON lockext.lease_values FROM PUBLIC;

@@ -27,15 +27,18 @@
 //!
 //! What does not run on a distributed installation is refused with 0A000 (`refuse`).
 
+use std::collections::HashMap;
+
 use pgrx::pg_sys::BuiltinOid::*;
 use pgrx::prelude::*;
+use pgrx::spi::SpiClient;
 
 use crate::backend;
 use crate::catalog;
 use crate::commit;
 use crate::error::LockError;
 use crate::ledger;
-use crate::statements::{self, Args, RelationsInForce, Statement};
+use crate::statements::{self, first_named, Args, RelationsInForce, Statement};
 use crate::text::Text;
 
 static DISTRIBUTED: Statement = Statement {
@@ -46,6 +49,11 @@ static DISTRIBUTED: Statement = Statement {
 static SHARDS: Statement = Statement {
     sql: include_str!("../sql/run/citus/shards.sql"),
     params: &[("lock_id", TEXTOID)],
+};
+
+static COLOCATED_SHARDS: Statement = Statement {
+    sql: include_str!("../sql/run/citus/colocated.sql"),
+    params: &[("shard", INT8OID)],
 };
 
 static LOCK_SHARD: Statement = Statement {
@@ -63,18 +71,24 @@ static HIGH: Statement = Statement {
     params: &[("lock_id", TEXTOID)],
 };
 
+static FLOOR_ROW: Statement = Statement {
+    sql: include_str!("../sql/run/citus/floor.sql"),
+    params: &[],
+};
+
 static RECORD_HIGH: Statement = Statement {
     sql: include_str!("../sql/run/citus/record_high.sql"),
     params: &[("lock_id", TEXTOID), ("fence_token", INT8OID)],
 };
 
-/// lockext's distributed tables, as its statements name them, in the order of the columns
-/// of sql/run/citus/shards.sql.
-const TABLES: [(&str, &str); 4] = [
+/// lockext's distributed tables, as its statements name them, with the column of
+/// colocated.sql and local_shards.sql that names each one's shard.
+const TABLES: [(&str, &str); 5] = [
     ("lockext.locks", "locks"),
     ("lockext.shared_leases", "shared_leases"),
     ("lockext.lease_values", "lease_values"),
     ("lockext.lock_tokens", "lock_tokens"),
+    ("lockext.token_floor", "token_floor"),
 ];
 
 static LOCAL_SHARDS: Statement = Statement {
@@ -109,6 +123,15 @@ pub fn on_each_local_shard<T>(
         for (shard, _) in &groups {
             LOCK_SHARD.run(client, Args::new().set("shard", *shard))?;
         }
+        // A shard that moved away before its lock was held is left to its new node: its
+        // copy here is what the move left behind, and may be dropped at any moment.
+        let mut groups = groups;
+        groups.retain(|(shard, _)| {
+            PLACEMENT_HERE
+                .read_latest(Args::new().set("shard", *shard))
+                .and_then(|row| row.get::<bool>("here"))
+                .unwrap_or(false)
+        });
         Ok::<_, LockError>(groups)
     })?;
     let mut out = Vec::with_capacity(groups.len());
@@ -125,14 +148,26 @@ pub fn is_distributed(table: &std::ffi::CStr) -> bool {
     TABLES.iter().any(|(_, column)| column.as_bytes() == name)
 }
 
+thread_local! {
+    // Set once this backend has found lockext's tables distributed in its database: they
+    // stay so (undistributing them would make the shard lookup fail, an error, not a call
+    // run on the wrong tables). A "no" is never kept: citus_distribute can run at any time.
+    static DISTRIBUTED_SEEN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
 /// Whether lockext's lease tables are distributed by Citus in this database.
 pub fn distributed() -> Result<bool, LockError> {
+    if DISTRIBUTED_SEEN.with(|d| d.get()) {
+        return Ok(true);
+    }
     if !catalog::has_catalog_relation(c"pg_dist_partition") {
         return Ok(false);
     }
-    Ok(Spi::connect_mut(|_| DISTRIBUTED.read_latest(Args::new()))
+    let distributed = Spi::connect_mut(|_| DISTRIBUTED.read_latest(Args::new()))
         .and_then(|row| row.get::<bool>("distributed"))
-        .unwrap_or(false))
+        .unwrap_or(false);
+    DISTRIBUTED_SEEN.with(|d| d.set(distributed));
+    Ok(distributed)
 }
 
 /// A call routed to this node: its statements name this node's shards of its lock id until
@@ -152,31 +187,34 @@ pub enum Call {
 
 /// Routes the call for `lock_id` to this node's shards (`Routed`), or refuses it; None on a
 /// database whose lease tables are not distributed (every server without Citus), where
-/// nothing changes. Every call that writes commits flushed (module header).
+/// nothing changes. Every call commits flushed, a renewal and a release too: Citus's shard
+/// move loses asynchronous commits acknowledged during its cut-over, and moves are routine,
+/// not crashes (a release lost there let its owner's next acquire get the same grant back,
+/// after it had heard "released").
 pub fn route(lock_id: Text<'_>, call: Call) -> Result<Option<Routed>, LockError> {
     if !distributed()? {
         return Ok(None);
     }
-    if call == Call::Grants && backend::in_transaction_block() {
+    if backend::in_transaction_block() {
         // A token must reach a client only with its grant's commit: one that rolled back
         // after its token was read would leave that token out of the lock id's highest.
+        // And no call may hold its shard's metadata lock for longer than itself: a
+        // transaction left open would hold up every move of the shard, and every call to
+        // the shard queued behind the move.
         return Err(LockError::CitusUnsupported {
-            what: "lock_acquire must be called on its own, not inside a transaction block",
+            what: "lockext's lease functions must be called on their own, not inside a \
+                   transaction block",
             hint: "Call it outside BEGIN ... COMMIT: Citus then runs it on the node of its \
-                   lock id, and it commits before its token is answered.",
+                   lock id, where it commits at once.",
         });
     }
     let relations = Spi::connect_mut(|client| {
-        let shards = SHARDS.run(client, Args::new().set("lock_id", lock_id))?;
-        let row = shards.first();
-        let shard = row.get_by_name::<i64, _>("shard")?.unwrap_or(0);
-        let mut relations = Vec::with_capacity(TABLES.len());
-        for (table, column) in TABLES {
-            let Some(name) = row.get_by_name::<String, _>(column)? else {
-                return Err(LockError::MissingColumn { name: "shard name" });
-            };
-            relations.push((table, name));
-        }
+        let shard = first_named::<i64>(
+            SHARDS.run(client, Args::new().set("lock_id", lock_id))?,
+            "shard",
+        )?
+        .unwrap_or(0);
+        let relations = colocated(client, shard)?;
         LOCK_SHARD.run(client, Args::new().set("shard", shard))?;
         let placement = PLACEMENT_HERE.read_latest(Args::new().set("shard", shard));
         let here = placement.as_ref().and_then(|row| row.get::<bool>("here"));
@@ -205,13 +243,66 @@ pub fn route(lock_id: Text<'_>, call: Call) -> Result<Option<Routed>, LockError>
     }))
 }
 
+thread_local! {
+    // Each shard of lockext.locks this backend has routed a call to, with its colocated
+    // shards' names (colocated.sql): a shard keeps its id and name through moves, and an id
+    // is never used again.
+    static COLOCATED: std::cell::RefCell<HashMap<i64, Vec<(&'static str, String)>>> =
+        std::cell::RefCell::new(HashMap::new());
+}
+
+/// The relations of shard `shard` of lockext.locks and of its colocated shards, as
+/// `statements::with_relations` takes them.
+fn colocated(
+    client: &mut SpiClient<'_>,
+    shard: i64,
+) -> Result<Vec<(&'static str, String)>, LockError> {
+    if let Some(known) = COLOCATED.with(|c| c.borrow().get(&shard).cloned()) {
+        return Ok(known);
+    }
+    let rows = COLOCATED_SHARDS.run(client, Args::new().set("shard", shard))?;
+    if rows.is_empty() {
+        return Err(LockError::MissingColumn { name: "shard" });
+    }
+    let row = rows.first();
+    let mut relations = Vec::with_capacity(TABLES.len());
+    for (table, column) in TABLES {
+        let Some(name) = row.get_by_name::<String, _>(column)? else {
+            return Err(LockError::MissingColumn { name: "shard name" });
+        };
+        relations.push((table, name));
+    }
+    COLOCATED.with(|c| c.borrow_mut().insert(shard, relations.clone()));
+    Ok(relations)
+}
+
+thread_local! {
+    // lockext.token_floor's value, once read: written once, by the citus_distribute that
+    // made the lease tables distributed, before any call could be routed.
+    static FLOOR: std::cell::Cell<Option<i64>> = const { std::cell::Cell::new(None) };
+}
+
 /// Before a grant of a routed call: raises this node's ledger past the highest token its
-/// lock id ever had, wherever that was minted.
+/// lock id ever had, wherever that was minted, and past the floor (the tokens handed out
+/// before the tables were distributed).
 pub fn before_grant(lock_id: Text<'_>) -> Result<(), LockError> {
+    let floor = match FLOOR.with(|f| f.get()) {
+        Some(floor) => floor,
+        None => {
+            let floor = Spi::connect_mut(|_| FLOOR_ROW.read_latest(Args::new()))
+                .and_then(|row| row.get::<i64>("floor"))
+                .ok_or(LockError::MissingColumn {
+                    name: "lockext.token_floor row (run lockext.citus_distribute())",
+                })?;
+            FLOOR.with(|f| f.set(Some(floor)));
+            floor
+        }
+    };
     let high = Spi::connect_mut(|_| HIGH.read_latest(Args::new().set("lock_id", lock_id)))
         .and_then(|row| row.get::<i64>("high"));
-    if let Some(high) = high {
-        ledger::raise_past(high)?;
+    let past = high.unwrap_or(0).max(floor);
+    if past > 0 {
+        ledger::raise_past(past)?;
     }
     Ok(())
 }

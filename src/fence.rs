@@ -181,6 +181,11 @@ fn watch_subtransactions() {
 #[pg_extern(volatile, parallel_unsafe)]
 #[search_path(pg_catalog, pg_temp)]
 fn declare_token(fence_token: Option<i64>) {
+    crate::citus::refuse(
+        "declare_token is not available yet",
+        crate::citus::ONLY_LEASES,
+    )
+    .or_report();
     caller::require(Needs::User)
         .and_then(|()| declare(fence_token))
         .or_report();
@@ -213,6 +218,7 @@ fn declared_by(role: pg_sys::Oid) -> Option<i64> {
 #[pg_extern(volatile, parallel_unsafe)]
 #[search_path(pg_catalog, pg_temp)]
 fn fence_row(fence_token: Option<i64>, row_token: Option<i64>) -> bool {
+    crate::citus::refuse("fence_row is not available yet", crate::citus::ONLY_LEASES).or_report();
     caller::require(Needs::User)
         .and_then(|()| row_accepts(fence_token, row_token))
         .or_report()
@@ -660,6 +666,16 @@ impl Width {
 /// The trigger's checks, in the order 0.3.0's PL/pgSQL body made them, with its errors
 /// word for word; the row to return, or the refusal.
 fn guard_row(call: &Call) -> Result<pg_sys::Datum, Refusal> {
+    if let Err(LockError::CitusUnsupported { what, hint }) = crate::citus::refuse(
+        "lockext.fence_guard is not available yet",
+        crate::citus::ONLY_LEASES,
+    ) {
+        return Err(Refusal::new(
+            PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
+            format!("on a Citus cluster, {what}").into_bytes(),
+        )
+        .hint(hint.as_bytes().to_vec()));
+    }
     // The writer needs lockext_user, which declare and fence_only would check too; said
     // here, the error names the table instead of one of them.
     let user = backend::current_user();

@@ -87,7 +87,8 @@ extension_sql_file!(
     requires = [
         lease::lock_acquire_0_3,
         lease::lock_renew_0_3,
-        lease::lock_release_0_3
+        lease::lock_release_0_3,
+        token::highest_issued_token
     ]
 );
 // Roles and EXECUTE grants, once the functions exist.

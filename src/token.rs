@@ -50,7 +50,7 @@ use pgrx::spi::SpiClient;
 
 use crate::backend;
 use crate::catalog;
-use crate::error::LockError;
+use crate::error::{LockError, OrReport};
 use crate::ledger::{self, State};
 use crate::settings;
 use crate::statements::{Args, Statement};
@@ -439,6 +439,19 @@ pub fn highest_issued() -> Result<i64, LockError> {
     // sequence in the epoch row's era.
     let from_file = ledger::highest_issued()?.unwrap_or(0);
     Ok(from_file.max(issued_by_older_libraries()))
+}
+
+/// The highest token this server's ledger can have handed out, for a superuser:
+/// `lockext.citus_distribute()` asks every node of a Citus cluster, once the tables are
+/// distributed, and records the highest as the floor every grant after it starts above
+/// (`citus.rs`). The ledger's alone: evidence is read from tables, which are distributed by
+/// then, and every node adopted its own when it minted. Not granted to anyone.
+#[pg_extern(volatile, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
+fn highest_issued_token() -> i64 {
+    ledger::highest_issued()
+        .map(|highest| highest.unwrap_or(0))
+        .or_report()
 }
 
 static SEQUENCE_LAST: Statement = Statement {

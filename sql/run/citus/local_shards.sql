@@ -14,7 +14,10 @@ SELECT l.shardid AS shard,
        shard_name('lockext.lock_tokens'::regclass,
                   (SELECT o.shardid FROM pg_dist_shard AS o
                     WHERE o.logicalrelid = 'lockext.lock_tokens'::regclass
-                      AND o.shardminvalue = l.shardminvalue)) AS lock_tokens
+                      AND o.shardminvalue = l.shardminvalue)) AS lock_tokens,
+       shard_name('lockext.token_floor'::regclass,
+                  (SELECT o.shardid FROM pg_dist_shard AS o
+                    WHERE o.logicalrelid = 'lockext.token_floor'::regclass)) AS token_floor
   FROM pg_dist_shard AS l, pg_dist_placement AS p, pg_dist_local_group AS g
  WHERE l.logicalrelid = 'lockext.locks'::regclass
    AND p.shardid = l.shardid AND p.groupid = g.groupid

@@ -46,9 +46,28 @@ fn acquire(c: &mut Client, lock: &str, owner: &str) -> Result<Option<i64>, postg
 
 #[test]
 fn citus_leases_through_the_coordinator_and_the_workers() {
-    let cluster = distributed(8);
+    let cluster = CitusCluster::start("citus", 2, "");
     let mut checks = Checks::new("citus leases");
     let mut c = cluster.connect();
+    // Before the tables are distributed, the coordinator is a lock service of its own: its
+    // tokens are history every grant after citus_distribute must start above.
+    let mut before = 0;
+    for _ in 0..30 {
+        before = acquire(&mut c, "pre", "me")
+            .expect("acquire pre")
+            .expect("granted");
+        c.batch_execute("SELECT lockext.lock_release('pre', 'me')")
+            .expect("release pre");
+    }
+    c.query_one("SELECT lockext.citus_distribute(8)", &[])
+        .expect("lockext.citus_distribute");
+    let after = acquire(&mut c, "pre", "me")
+        .expect("acquire pre")
+        .expect("granted");
+    checks.check(
+        after > before,
+        format!("the first grant after citus_distribute is above the last before it ({after} > {before})"),
+    );
 
     let t1 = acquire(&mut c, "a", "me")
         .expect("acquire a")
@@ -77,6 +96,39 @@ fn citus_leases_through_the_coordinator_and_the_workers() {
     checks.check(
         t2 > t1,
         format!("the next grant of a is above the last ({t2} > {t1})"),
+    );
+
+    // Shared leases side by side, and a semaphore's permits, through the coordinator.
+    let shared: Vec<Option<i64>> = ["r1", "r2"]
+        .iter()
+        .map(|owner| {
+            c.query_one(
+                "SELECT fence_token FROM lockext.lock_acquire('s', $1, '30 seconds', mode => 'shared')",
+                &[owner],
+            )
+            .expect("shared acquire")
+            .get("fence_token")
+        })
+        .collect();
+    let writer = acquire(&mut c, "s", "w").expect("exclusive acquire of s");
+    checks.check(
+        shared.iter().all(Option::is_some) && shared[0] < shared[1] && writer.is_none(),
+        format!("two shared leases of s ({shared:?}), an exclusive one refused ({writer:?})"),
+    );
+    let permits: Vec<Option<i64>> = ["p1", "p2", "p3"]
+        .iter()
+        .map(|owner| {
+            c.query_one(
+                "SELECT fence_token FROM lockext.lock_acquire('sem', $1, '30 seconds', permits => 2)",
+                &[owner],
+            )
+            .expect("permit acquire")
+            .get("fence_token")
+        })
+        .collect();
+    checks.check(
+        permits[0].is_some() && permits[1].is_some() && permits[2].is_none(),
+        format!("a semaphore of 2 permits: two granted, the third refused ({permits:?})"),
     );
 
     // Straight to each worker: the one that holds the shard runs it, the other forwards it.
@@ -115,6 +167,8 @@ fn citus_leases_through_the_coordinator_and_the_workers() {
         "SELECT lockext.lock_acquire_all(ARRAY['c', 'd'], 'me', '30 seconds')",
         "SELECT lockext.fenced_update('r', 1, '{}')",
         "SELECT lockext.lock_keepalive_grant('30 seconds')",
+        "BEGIN; SELECT lockext.lock_renew('a', 'you', '30 seconds'); COMMIT",
+        "SELECT lockext.declare_token(1)",
         // Not delegated (a CTE): run on the coordinator, which holds no shard.
         "WITH g AS (SELECT * FROM lockext.lock_acquire('c', 'me', '30 seconds')) SELECT * FROM g",
     ] {
