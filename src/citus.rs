@@ -125,7 +125,6 @@ pub fn on_each_local_shard<T>(
         }
         // A shard that moved away before its lock was held is left to its new node: its
         // copy here is what the move left behind, and may be dropped at any moment.
-        let mut groups = groups;
         groups.retain(|(shard, _)| {
             PLACEMENT_HERE
                 .read_latest(Args::new().set("shard", *shard))
@@ -176,22 +175,13 @@ pub struct Routed {
     _relations: RelationsInForce,
 }
 
-/// What a call is, for `route`.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub enum Call {
-    /// It may mint a token: it must be a transaction of its own.
-    Grants,
-    /// It renews, releases or reads.
-    Other,
-}
-
 /// Routes the call for `lock_id` to this node's shards (`Routed`), or refuses it; None on a
 /// database whose lease tables are not distributed (every server without Citus), where
 /// nothing changes. Every call commits flushed, a renewal and a release too: Citus's shard
 /// move loses asynchronous commits acknowledged during its cut-over, and moves are routine,
 /// not crashes (a release lost there let its owner's next acquire get the same grant back,
 /// after it had heard "released").
-pub fn route(lock_id: Text<'_>, call: Call) -> Result<Option<Routed>, LockError> {
+pub fn route(lock_id: Text<'_>) -> Result<Option<Routed>, LockError> {
     if !distributed()? {
         return Ok(None);
     }

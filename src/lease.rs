@@ -28,7 +28,7 @@ use pgrx::spi::{SpiClient, SpiTupleTable};
 
 use crate::backend;
 use crate::caller;
-use crate::citus::{self, Call};
+use crate::citus;
 use crate::claims;
 use crate::commit;
 use crate::error::{self, LockError, OrReport};
@@ -155,7 +155,7 @@ fn lock_acquire_0_3(
             session_bound,
             keepalive,
         )?;
-        let routed = citus::route(lock_id, Call::Grants)?;
+        let routed = citus::route(lock_id)?;
         if routed.is_some() {
             refuse_on_citus(&request)?;
             citus::before_grant(lock_id)?;
@@ -230,7 +230,7 @@ fn lock_release_0_3(
 /// checked first, so that bad input gets its own SQLSTATE on any node.
 fn routed(lock_id: Option<Text<'_>>) -> Result<Option<citus::Routed>, LockError> {
     let lock_id = error::identifier("lock_id", lock_id)?;
-    citus::route(lock_id, Call::Other)
+    citus::route(lock_id)
 }
 
 /// The route of an acquire, one way through: validated (`Request`, by the caller), queued
