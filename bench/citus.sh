@@ -55,7 +55,7 @@ sql $PLAIN "CREATE EXTENSION lockext"
 sql $COORD "SELECT citus_set_coordinator_host('127.0.0.1', $COORD)" >/dev/null
 sql $COORD "SELECT citus_add_node('127.0.0.1', $W1)" >/dev/null
 sql $COORD "CREATE EXTENSION lockext"
-sql $COORD "SELECT lockext.citus_distribute(32)" >/dev/null
+sql $COORD "CALL lockext.citus_distribute(32)" >/dev/null
 
 # The lock ids each node's pgbench uses: 1 000 ids, all of them, or those of one worker.
 ids() { # port, where (all | the port whose shards to keep)

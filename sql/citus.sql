@@ -1,19 +1,26 @@
--- lockext on a Citus cluster (src/citus.rs, docs/citus.md): run once, on the coordinator, by
--- the owner of lockext's tables (a superuser), after CREATE EXTENSION lockext there.
--- Distributes the lease tables by lock id in one colocation group (shard_count shards), and
--- has Citus delegate lock_acquire, lock_renew and lock_release to the node that holds
--- their lock id's shard (by their first argument). Until it runs, lockext on a Citus
--- cluster is a single-node lock service on each node, as on any server: so, last, it records
--- the highest token any node can have handed out until now (lockext.token_floor, a
--- reference table), which every grant after it starts above. Idempotent: a table or
--- function already distributed is left as it is, and so is the floor once recorded.
-CREATE FUNCTION lockext.citus_distribute(shard_count integer DEFAULT 32) RETURNS void
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+-- lockext on a Citus cluster (src/citus.rs, docs/citus.md): CALL lockext.citus_distribute()
+-- once, on the coordinator, outside a transaction block, as the owner of lockext's tables (a
+-- superuser), after CREATE EXTENSION lockext there. Until it runs, lockext on a Citus cluster
+-- is a single-node lock service on each node, as on any server. In two transactions:
+-- 1. the lease tables distributed by lock id in one colocation group (shard_count shards),
+--    and lock_acquire, lock_renew and lock_release delegated by Citus to the node that holds
+--    their lock id's shard (by their first argument); committed: from then on no node grants
+--    from a table of its own, and a grant on the cluster is refused (55000) until 2 is done;
+-- 2. the highest token any node can have handed out until then (each node's ledger), recorded
+--    in lockext.token_floor, a reference table (every node, nodes added later), which every
+--    grant starts above.
+-- Idempotent: a table or function already distributed is left as it is, and so is the floor
+-- once recorded; run again after an interruption, it finishes the job.
+CREATE PROCEDURE lockext.citus_distribute(shard_count integer DEFAULT 32)
+LANGUAGE plpgsql AS $$
 DECLARE
     t text;
     f text;
     failed text;
 BEGIN
+    -- A procedure with a SET clause may not COMMIT: search_path is pinned in each of its
+    -- transactions instead.
+    PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);
     IF NOT EXISTS (SELECT FROM pg_extension WHERE extname = 'citus') THEN
         RAISE EXCEPTION 'lockext.citus_distribute() needs the citus extension in this database'
             USING ERRCODE = '55000';
@@ -32,7 +39,9 @@ BEGIN
         'lockext.lock_release(text,text,bigint)'] LOOP
         PERFORM create_distributed_function(f::regprocedure, '$1', colocate_with => 'lockext.locks');
     END LOOP;
+    COMMIT;
     IF NOT EXISTS (SELECT FROM pg_dist_partition WHERE logicalrelid = 'lockext.token_floor'::regclass) THEN
+        PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);
         SELECT string_agg(format('node %s: %s', nodeid, result), '; ') INTO failed
           FROM run_command_on_all_nodes('SELECT lockext.highest_issued_token()')
          WHERE NOT success;
@@ -48,5 +57,5 @@ BEGIN
     END IF;
 END
 $$;
-REVOKE ALL ON FUNCTION lockext.citus_distribute(integer) FROM PUBLIC;
+REVOKE ALL ON PROCEDURE lockext.citus_distribute(integer) FROM PUBLIC;
 REVOKE ALL ON FUNCTION lockext.highest_issued_token() FROM PUBLIC;

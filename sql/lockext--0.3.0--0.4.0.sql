@@ -89,13 +89,16 @@ STRICT VOLATILE PARALLEL UNSAFE
 SET search_path TO pg_catalog, pg_temp
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'highest_issued_token_wrapper';
-CREATE FUNCTION lockext.citus_distribute(shard_count integer DEFAULT 32) RETURNS void
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+CREATE PROCEDURE lockext.citus_distribute(shard_count integer DEFAULT 32)
+LANGUAGE plpgsql AS $$
 DECLARE
     t text;
     f text;
     failed text;
 BEGIN
+    -- A procedure with a SET clause may not COMMIT: search_path is pinned in each of its
+    -- transactions instead.
+    PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);
     IF NOT EXISTS (SELECT FROM pg_extension WHERE extname = 'citus') THEN
         RAISE EXCEPTION 'lockext.citus_distribute() needs the citus extension in this database'
             USING ERRCODE = '55000';
@@ -114,7 +117,9 @@ BEGIN
         'lockext.lock_release(text,text,bigint)'] LOOP
         PERFORM create_distributed_function(f::regprocedure, '$1', colocate_with => 'lockext.locks');
     END LOOP;
+    COMMIT;
     IF NOT EXISTS (SELECT FROM pg_dist_partition WHERE logicalrelid = 'lockext.token_floor'::regclass) THEN
+        PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);
         SELECT string_agg(format('node %s: %s', nodeid, result), '; ') INTO failed
           FROM run_command_on_all_nodes('SELECT lockext.highest_issued_token()')
          WHERE NOT success;
@@ -130,5 +135,5 @@ BEGIN
     END IF;
 END
 $$;
-REVOKE ALL ON FUNCTION lockext.citus_distribute(integer) FROM PUBLIC;
+REVOKE ALL ON PROCEDURE lockext.citus_distribute(integer) FROM PUBLIC;
 REVOKE ALL ON FUNCTION lockext.highest_issued_token() FROM PUBLIC;

@@ -29,7 +29,7 @@
 
 use std::collections::HashMap;
 
-use pgrx::pg_sys::BuiltinOid::*;
+use pgrx::pg_sys::{self, BuiltinOid::*};
 use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
 
@@ -38,7 +38,7 @@ use crate::catalog;
 use crate::commit;
 use crate::error::LockError;
 use crate::ledger;
-use crate::statements::{self, first_named, Args, RelationsInForce, Statement};
+use crate::statements::{self, first_named, Args, LatestRow, RelationsInForce, Statement};
 use crate::text::Text;
 
 static DISTRIBUTED: Statement = Statement {
@@ -148,15 +148,17 @@ pub fn is_distributed(table: &std::ffi::CStr) -> bool {
 }
 
 thread_local! {
-    // Set once this backend has found lockext's tables distributed in its database: they
-    // stay so (undistributing them would make the shard lookup fail, an error, not a call
-    // run on the wrong tables). A "no" is never kept: citus_distribute can run at any time.
-    static DISTRIBUTED_SEEN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    // The lockext.locks this backend has found distributed (its oid): it stays so
+    // (undistributing it would make the shard lookup fail, an error, not a call run on the
+    // wrong tables). A new installation (DROP and CREATE EXTENSION) has a new oid, and
+    // is looked at again. A "no" is never kept: citus_distribute can run at any time.
+    static DISTRIBUTED_SEEN: std::cell::Cell<Option<pg_sys::Oid>> = const { std::cell::Cell::new(None) };
 }
 
 /// Whether lockext's lease tables are distributed by Citus in this database.
 pub fn distributed() -> Result<bool, LockError> {
-    if DISTRIBUTED_SEEN.with(|d| d.get()) {
+    let locks = catalog::lockext_relation(c"locks");
+    if locks.is_some() && DISTRIBUTED_SEEN.with(|d| d.get()) == locks {
         return Ok(true);
     }
     if !catalog::has_catalog_relation(c"pg_dist_partition") {
@@ -165,7 +167,9 @@ pub fn distributed() -> Result<bool, LockError> {
     let distributed = Spi::connect_mut(|_| DISTRIBUTED.read_latest(Args::new()))
         .and_then(|row| row.get::<bool>("distributed"))
         .unwrap_or(false);
-    DISTRIBUTED_SEEN.with(|d| d.set(distributed));
+    if distributed {
+        DISTRIBUTED_SEEN.with(|d| d.set(locks));
+    }
     Ok(distributed)
 }
 
@@ -205,19 +209,25 @@ pub fn route(lock_id: Text<'_>) -> Result<Option<Routed>, LockError> {
         )?
         .unwrap_or(0);
         let relations = colocated(client, shard)?;
+        let placement = || PLACEMENT_HERE.read_latest(Args::new().set("shard", shard));
+        let before = placement();
         LOCK_SHARD.run(client, Args::new().set("shard", shard))?;
-        let placement = PLACEMENT_HERE.read_latest(Args::new().set("shard", shard));
-        let here = placement.as_ref().and_then(|row| row.get::<bool>("here"));
-        let coordinator = placement.and_then(|row| row.get::<bool>("coordinator"));
-        if here != Some(true) {
-            // On the coordinator (which holds no shard) or inside a transaction block,
-            // Citus did not delegate the call, and would not if it were called again.
-            if backend::in_transaction_block() || coordinator == Some(true) {
+        let after = placement();
+        let here = |row: &Option<LatestRow>| {
+            row.as_ref().and_then(|r| r.get::<bool>("here")) == Some(true)
+        };
+        if !here(&after) {
+            // The shard moved away under this call (it was here until its lock was
+            // held), or the call came over a connection of Citus's own (delegated by a
+            // plan made before a move): called again, it is routed to the shard's node.
+            // Otherwise Citus did not delegate it (on the coordinator, or a CTE or a
+            // subquery on a worker), and would not if it were called again.
+            let internal = after.as_ref().and_then(|r| r.get::<bool>("internal")) == Some(true);
+            if !(here(&before) || internal) {
                 return Err(LockError::CitusUnsupported {
                     what: "lockext's functions run on the node of their lock id",
                     hint: "Call the function alone (SELECT lockext.lock_acquire(...), not in \
-                           a CTE, a subquery or a transaction block), so that Citus \
-                           delegates it to that node.",
+                           a CTE or a subquery), so that Citus delegates it to that node.",
                 });
             }
             return Err(LockError::CitusOtherNode {
@@ -266,28 +276,14 @@ fn colocated(
     Ok(relations)
 }
 
-thread_local! {
-    // lockext.token_floor's value, once read: written once, by the citus_distribute that
-    // made the lease tables distributed, before any call could be routed.
-    static FLOOR: std::cell::Cell<Option<i64>> = const { std::cell::Cell::new(None) };
-}
-
 /// Before a grant of a routed call: raises this node's ledger past the highest token its
 /// lock id ever had, wherever that was minted, and past the floor (the tokens handed out
-/// before the tables were distributed).
+/// before the tables were distributed). The floor is read at every grant (one row of a local
+/// table): a value kept would outlive a DROP and CREATE EXTENSION and a new distribution.
 pub fn before_grant(lock_id: Text<'_>) -> Result<(), LockError> {
-    let floor = match FLOOR.with(|f| f.get()) {
-        Some(floor) => floor,
-        None => {
-            let floor = Spi::connect_mut(|_| FLOOR_ROW.read_latest(Args::new()))
-                .and_then(|row| row.get::<i64>("floor"))
-                .ok_or(LockError::MissingColumn {
-                    name: "lockext.token_floor row (run lockext.citus_distribute())",
-                })?;
-            FLOOR.with(|f| f.set(Some(floor)));
-            floor
-        }
-    };
+    let floor = Spi::connect_mut(|_| FLOOR_ROW.read_latest(Args::new()))
+        .and_then(|row| row.get::<i64>("floor"))
+        .ok_or(LockError::CitusNotReady)?;
     let high = Spi::connect_mut(|_| HIGH.read_latest(Args::new().set("lock_id", lock_id)))
         .and_then(|row| row.get::<i64>("high"));
     let past = high.unwrap_or(0).max(floor);

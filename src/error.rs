@@ -154,6 +154,9 @@ pub enum LockError {
     #[error("lock id \"{lock_id}\" is on another node of the Citus cluster now (shard {shard})")]
     CitusOtherNode { lock_id: String, shard: i64 },
 
+    #[error("lockext.citus_distribute() has not finished on this Citus cluster")]
+    CitusNotReady,
+
     #[error("on a Citus cluster, {what}")]
     CitusUnsupported {
         what: &'static str,
@@ -189,7 +192,8 @@ impl LockError {
             | LockError::KeepaliveWithSession => ERRCODE_INVALID_PARAMETER_VALUE, // 22023
             LockError::KeepaliveNotLive { .. }
             | LockError::RenewAttached { .. }
-            | LockError::LedgerNeedsPreload => {
+            | LockError::LedgerNeedsPreload
+            | LockError::CitusNotReady => {
                 ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE // 55000
             }
             LockError::WrongKind { .. } => ERRCODE_WRONG_OBJECT_TYPE, // 42809
@@ -307,6 +311,11 @@ impl LockError {
                  sends the call to the node that holds the shard now (docs/citus.md).",
             ),
             LockError::CitusUnsupported { hint, .. } => Some(hint),
+            LockError::CitusNotReady => Some(
+                "The lease tables are distributed, but the floor of the tokens handed out \
+                 before is not recorded yet (lockext.token_floor): wait for CALL \
+                 lockext.citus_distribute() to end, or run it again (docs/citus.md).",
+            ),
             LockError::LedgerNeedsPreload => Some(
                 "Add lockext to shared_preload_libraries in postgresql.conf and restart the \
                  server: the token ledger travels in the WAL through lockext's own WAL \

@@ -31,7 +31,7 @@ fn distributed(shards: i32) -> CitusCluster {
     let cluster = CitusCluster::start("citus", 2, "");
     cluster
         .connect()
-        .query_one("SELECT lockext.citus_distribute($1)", &[&shards])
+        .batch_execute(&format!("CALL lockext.citus_distribute({shards})"))
         .expect("lockext.citus_distribute");
     cluster
 }
@@ -59,8 +59,11 @@ fn citus_leases_through_the_coordinator_and_the_workers() {
         c.batch_execute("SELECT lockext.lock_release('pre', 'me')")
             .expect("release pre");
     }
-    c.query_one("SELECT lockext.citus_distribute(8)", &[])
+    c.batch_execute("CALL lockext.citus_distribute(8)")
         .expect("lockext.citus_distribute");
+    // Run again: nothing changes (each step is skipped once done).
+    c.batch_execute("CALL lockext.citus_distribute(8)")
+        .expect("lockext.citus_distribute again");
     let after = acquire(&mut c, "pre", "me")
         .expect("acquire pre")
         .expect("granted");
@@ -179,6 +182,23 @@ fn citus_leases_through_the_coordinator_and_the_workers() {
             format!("refused with 0A000: {sql} ({code})"),
         );
     }
+    // Not delegated on a worker that does not hold c: 0A000 too, not a 40001 that a
+    // client would retry for ever.
+    let c_home = cluster.node_port_of_shard(cluster.shard_of("lockext.locks", "c"));
+    let other = cluster
+        .workers
+        .iter()
+        .find(|w| w.port != c_home)
+        .expect("the other worker");
+    let mut o = other.connect();
+    let code = refused(
+        &mut o,
+        "WITH g AS (SELECT * FROM lockext.lock_acquire('c', 'me', '30 seconds')) SELECT * FROM g",
+    );
+    checks.check(
+        code == "0A000",
+        format!("a CTE on the worker that does not hold c: refused with 0A000 ({code})"),
+    );
     let c_rows: i64 = c
         .query_one(
             "SELECT count(*) AS n FROM lockext.locks WHERE lock_id = 'c'",
