@@ -82,7 +82,7 @@ static RECORD_HIGH: Statement = Statement {
 };
 
 /// lockext's distributed tables, as its statements name them, with the column of
-/// colocated.sql and local_shards.sql that names each one's shard.
+/// colocated.sql that names each one's shard.
 const TABLES: [(&str, &str); 5] = [
     ("lockext.locks", "locks"),
     ("lockext.shared_leases", "shared_leases"),
@@ -107,18 +107,13 @@ pub fn on_each_local_shard<T>(
         return Ok(vec![f()?]);
     }
     let groups = Spi::connect_mut(|client| {
-        let rows = LOCAL_SHARDS.run(client, Args::new())?;
-        let mut groups = Vec::with_capacity(rows.len());
-        for row in rows {
-            let shard = row.get_by_name::<i64, _>("shard")?.unwrap_or(0);
-            let mut relations = Vec::with_capacity(TABLES.len());
-            for (table, column) in TABLES {
-                let Some(name) = row.get_by_name::<String, _>(column)? else {
-                    return Err(LockError::MissingColumn { name: "shard name" });
-                };
-                relations.push((table, name));
-            }
-            groups.push((shard, relations));
+        let mut shards = Vec::new();
+        for row in LOCAL_SHARDS.run(client, Args::new())? {
+            shards.push(row.get_by_name::<i64, _>("shard")?.unwrap_or(0));
+        }
+        let mut groups = Vec::with_capacity(shards.len());
+        for shard in shards {
+            groups.push((shard, colocated(client, shard)?));
         }
         for (shard, _) in &groups {
             LOCK_SHARD.run(client, Args::new().set("shard", *shard))?;
@@ -281,11 +276,16 @@ fn colocated(
 /// before the tables were distributed). The floor is read at every grant (one row of a local
 /// table): a value kept would outlive a DROP and CREATE EXTENSION and a new distribution.
 pub fn before_grant(lock_id: Text<'_>) -> Result<(), LockError> {
-    let floor = Spi::connect_mut(|_| FLOOR_ROW.read_latest(Args::new()))
-        .and_then(|row| row.get::<i64>("floor"))
-        .ok_or(LockError::CitusNotReady)?;
-    let high = Spi::connect_mut(|_| HIGH.read_latest(Args::new().set("lock_id", lock_id)))
-        .and_then(|row| row.get::<i64>("high"));
+    let (floor, high) = Spi::connect_mut(|_| {
+        (
+            FLOOR_ROW
+                .read_latest(Args::new())
+                .and_then(|row| row.get::<i64>("floor")),
+            HIGH.read_latest(Args::new().set("lock_id", lock_id))
+                .and_then(|row| row.get::<i64>("high")),
+        )
+    });
+    let floor = floor.ok_or(LockError::CitusNotReady)?;
     let past = high.unwrap_or(0).max(floor);
     if past > 0 {
         ledger::raise_past(past)?;

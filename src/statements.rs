@@ -217,19 +217,29 @@ thread_local! {
 
 // ---- the relations of a call on a Citus cluster ------------------------------------------
 
+/// A set of relations in force (`with_relations`), with the key of its statements' texts:
+/// the relations' names, joined once when the set is put in force, not at every statement.
+#[derive(Default)]
+struct Relations {
+    set: Vec<(&'static str, String)>,
+    key: String,
+}
+
 thread_local! {
     // While a call runs on a Citus worker (`citus::route`): each distributed table of
     // lockext's, as its statements name it, with the name of the shard that holds the
     // call's lock id on this node. Empty otherwise.
-    static RELATIONS: RefCell<Vec<(&'static str, String)>> = const { RefCell::new(Vec::new()) };
-    // Each statement's text with a call's shard names in place, made once per backend and
-    // set of shards, and kept as the key of its plan (leaked, as the plans are).
-    static ROUTED: RefCell<HashMap<(&'static str, String), &'static str>> = RefCell::new(HashMap::new());
+    static RELATIONS: RefCell<Relations> = RefCell::new(Relations::default());
+    // Each statement's text with a set of shard names in place (by the set's key, then by
+    // the statement), made once per backend and set, and kept as the key of its plan
+    // (leaked, as the plans are).
+    static ROUTED: RefCell<HashMap<String, HashMap<&'static str, &'static str>>> =
+        RefCell::new(HashMap::new());
 }
 
 /// Puts back the relations in force before `with_relations`, when dropped.
 pub struct RelationsInForce {
-    before: Vec<(&'static str, String)>,
+    before: Relations,
 }
 
 impl Drop for RelationsInForce {
@@ -244,6 +254,15 @@ impl Drop for RelationsInForce {
 /// `lockext.locks_102008`). A statement's text is changed only where it names the table as a
 /// whole word, schema-qualified as every statement names its tables.
 pub fn with_relations(relations: Vec<(&'static str, String)>) -> RelationsInForce {
+    let key = relations
+        .iter()
+        .map(|(_, to)| to.as_str())
+        .collect::<Vec<_>>()
+        .join(",");
+    let relations = Relations {
+        set: relations,
+        key,
+    };
     let before = RELATIONS.with(|r| std::mem::replace(&mut *r.borrow_mut(), relations));
     RelationsInForce { before }
 }
@@ -253,20 +272,24 @@ pub fn with_relations(relations: Vec<(&'static str, String)>) -> RelationsInForc
 fn in_force(sql: &'static str) -> &'static str {
     RELATIONS.with(|r| {
         let relations = r.borrow();
-        if relations.is_empty() {
+        if relations.set.is_empty() {
             return sql;
         }
-        let names: String = relations
-            .iter()
-            .map(|(_, to)| to.as_str())
-            .collect::<Vec<_>>()
-            .join(",");
-        let key = (sql, names);
-        if let Some(text) = ROUTED.with(|m| m.borrow().get(&key).copied()) {
+        let known = ROUTED.with(|m| {
+            m.borrow()
+                .get(&relations.key)
+                .and_then(|texts| texts.get(sql).copied())
+        });
+        if let Some(text) = known {
             return text;
         }
-        let text: &'static str = Box::leak(replace_relations(sql, &relations).into_boxed_str());
-        ROUTED.with(|m| m.borrow_mut().insert(key, text));
+        let text: &'static str = Box::leak(replace_relations(sql, &relations.set).into_boxed_str());
+        ROUTED.with(|m| {
+            m.borrow_mut()
+                .entry(relations.key.clone())
+                .or_default()
+                .insert(sql, text)
+        });
         text
     })
 }

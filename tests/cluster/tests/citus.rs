@@ -388,6 +388,22 @@ fn contend_through(
         .collect()
 }
 
+/// Stops the clients of `contend` and gathers what they saw: every grant, and how many calls
+/// were refused (or failed, with outages) and given up.
+fn stop_clients(
+    stop: &AtomicBool,
+    clients: Vec<thread::JoinHandle<(Vec<Grant>, u64)>>,
+) -> (Vec<Grant>, u64) {
+    stop.store(true, Ordering::Relaxed);
+    let (mut grants, mut refused) = (Vec::new(), 0);
+    for client in clients {
+        let (g, r) = client.join().expect("a client");
+        grants.extend(g);
+        refused += r;
+    }
+    (grants, refused)
+}
+
 fn reconnect(url: &str) -> Client {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
@@ -475,13 +491,7 @@ fn citus_tokens_rise_through_shard_moves_under_contention() {
     }
     cluster.rebalance();
     thread::sleep(Duration::from_secs(1));
-    stop.store(true, Ordering::Relaxed);
-    let (mut grants, mut retries) = (Vec::new(), 0);
-    for client in clients {
-        let (g, r) = client.join().expect("a client");
-        grants.extend(g);
-        retries += r;
-    }
+    let (grants, retries) = stop_clients(&stop, clients);
     println!(
         "citus moves: {} grants of {} lock ids in {:?}, {retries} calls refused with 40001 and called again",
         grants.len(),
@@ -679,13 +689,7 @@ fn citus_tokens_rise_through_a_worker_crash() {
     worker.pg_ctl("start -w -t 60");
     let started_at = now_us();
     thread::sleep(Duration::from_secs(5));
-    stop.store(true, Ordering::Relaxed);
-    let (mut grants, mut failed) = (Vec::new(), 0);
-    for client in clients {
-        let (g, r) = client.join().expect("a client");
-        grants.extend(g);
-        failed += r;
-    }
+    let (grants, failed) = stop_clients(&stop, clients);
     let before = grants.iter().filter(|g| g.acked < killed_at).count();
     let after = grants.iter().filter(|g| g.sent > started_at).count();
     println!(
@@ -759,13 +763,7 @@ fn citus_tokens_rise_through_a_worker_added_and_removed() {
             .unwrap_or_else(|e| panic!("drain and remove the new worker: {sql}: {e}"));
     }
     thread::sleep(Duration::from_secs(2));
-    stop.store(true, Ordering::Relaxed);
-    let (mut grants, mut retries) = (Vec::new(), 0);
-    for client in clients {
-        let (g, r) = client.join().expect("a client");
-        grants.extend(g);
-        retries += r;
-    }
+    let (grants, retries) = stop_clients(&stop, clients);
     println!(
         "citus add-remove: {} grants, {on_new} shards on the new worker, \
          {retries} calls refused with 40001",
