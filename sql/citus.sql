@@ -3,9 +3,11 @@
 -- superuser), after CREATE EXTENSION lockext there. Until it runs, lockext on a Citus cluster
 -- is a single-node lock service on each node, as on any server. In two transactions:
 -- 1. the lease tables distributed by lock id in one colocation group (shard_count shards),
---    and lock_acquire, lock_renew and lock_release delegated by Citus to the node that holds
---    their lock id's shard (by their first argument); committed: from then on no node grants
---    from a table of its own, and a grant on the cluster is refused (55000) until 2 is done;
+--    lockext.resources by resource id in the same group (a resource bound to the lock of its
+--    own id is in that lock's shard), and each per-lock function delegated by Citus to the
+--    node that holds the shard of its first argument (the lock id, or the resource id);
+--    committed: from then on no node grants from a table of its own, and a grant on the
+--    cluster is refused (55000) until 2 is done;
 -- 2. the highest token any node can have handed out until then (each node's ledger), recorded
 --    in lockext.token_floor, a reference table (every node, nodes added later), which every
 --    grant starts above.
@@ -28,15 +30,27 @@ BEGIN
     IF NOT EXISTS (SELECT FROM pg_dist_partition WHERE logicalrelid = 'lockext.locks'::regclass) THEN
         PERFORM create_distributed_table('lockext.locks', 'lock_id', shard_count => shard_count);
     END IF;
-    FOREACH t IN ARRAY ARRAY['lockext.shared_leases', 'lockext.lease_values', 'lockext.lock_tokens'] LOOP
+    FOREACH t IN ARRAY ARRAY['lockext.shared_leases', 'lockext.lease_values', 'lockext.lock_tokens',
+                             'lockext.resources'] LOOP
         IF NOT EXISTS (SELECT FROM pg_dist_partition WHERE logicalrelid = t::regclass) THEN
-            PERFORM create_distributed_table(t, 'lock_id', colocate_with => 'lockext.locks');
+            PERFORM create_distributed_table(t, CASE t WHEN 'lockext.resources' THEN 'resource_id'
+                                                       ELSE 'lock_id' END,
+                                             colocate_with => 'lockext.locks');
         END IF;
     END LOOP;
     FOREACH f IN ARRAY ARRAY[
         'lockext.lock_acquire(text,text,interval,interval,interval,text,integer,boolean,bigint)',
         'lockext.lock_renew(text,text,interval,bigint)',
-        'lockext.lock_release(text,text,bigint)'] LOOP
+        'lockext.lock_release(text,text,bigint)',
+        'lockext.lock_check(text,bigint)',
+        'lockext.lock_campaign(text,text,interval,jsonb,interval,interval,text,integer,boolean)',
+        'lockext.lock_set_value(text,text,bigint,jsonb)',
+        'lockext.lock_holders(text)',
+        'lockext.lock_observe(text,bigint,bigint,interval)',
+        'lockext.fenced_update(text,bigint,jsonb)',
+        'lockext.fence_read(text,bigint)',
+        'lockext.fenced_read(text,bigint)',
+        'lockext.bind_resource(text,text)'] LOOP
         PERFORM create_distributed_function(f::regprocedure, '$1', colocate_with => 'lockext.locks');
     END LOOP;
     COMMIT;

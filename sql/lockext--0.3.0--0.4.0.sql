@@ -106,15 +106,27 @@ BEGIN
     IF NOT EXISTS (SELECT FROM pg_dist_partition WHERE logicalrelid = 'lockext.locks'::regclass) THEN
         PERFORM create_distributed_table('lockext.locks', 'lock_id', shard_count => shard_count);
     END IF;
-    FOREACH t IN ARRAY ARRAY['lockext.shared_leases', 'lockext.lease_values', 'lockext.lock_tokens'] LOOP
+    FOREACH t IN ARRAY ARRAY['lockext.shared_leases', 'lockext.lease_values', 'lockext.lock_tokens',
+                             'lockext.resources'] LOOP
         IF NOT EXISTS (SELECT FROM pg_dist_partition WHERE logicalrelid = t::regclass) THEN
-            PERFORM create_distributed_table(t, 'lock_id', colocate_with => 'lockext.locks');
+            PERFORM create_distributed_table(t, CASE t WHEN 'lockext.resources' THEN 'resource_id'
+                                                       ELSE 'lock_id' END,
+                                             colocate_with => 'lockext.locks');
         END IF;
     END LOOP;
     FOREACH f IN ARRAY ARRAY[
         'lockext.lock_acquire(text,text,interval,interval,interval,text,integer,boolean,bigint)',
         'lockext.lock_renew(text,text,interval,bigint)',
-        'lockext.lock_release(text,text,bigint)'] LOOP
+        'lockext.lock_release(text,text,bigint)',
+        'lockext.lock_check(text,bigint)',
+        'lockext.lock_campaign(text,text,interval,jsonb,interval,interval,text,integer,boolean)',
+        'lockext.lock_set_value(text,text,bigint,jsonb)',
+        'lockext.lock_holders(text)',
+        'lockext.lock_observe(text,bigint,bigint,interval)',
+        'lockext.fenced_update(text,bigint,jsonb)',
+        'lockext.fence_read(text,bigint)',
+        'lockext.fenced_read(text,bigint)',
+        'lockext.bind_resource(text,text)'] LOOP
         PERFORM create_distributed_function(f::regprocedure, '$1', colocate_with => 'lockext.locks');
     END LOOP;
     COMMIT;

@@ -83,11 +83,12 @@ static RECORD_HIGH: Statement = Statement {
 
 /// lockext's distributed tables, as its statements name them, with the column of
 /// colocated.sql that names each one's shard.
-const TABLES: [(&str, &str); 5] = [
+const TABLES: [(&str, &str); 6] = [
     ("lockext.locks", "locks"),
     ("lockext.shared_leases", "shared_leases"),
     ("lockext.lease_values", "lease_values"),
     ("lockext.lock_tokens", "lock_tokens"),
+    ("lockext.resources", "resources"),
     ("lockext.token_floor", "token_floor"),
 ];
 
@@ -159,6 +160,19 @@ pub fn distributed() -> Result<bool, LockError> {
     if !catalog::has_catalog_relation(c"pg_dist_partition") {
         return Ok(false);
     }
+    // Citus is here, and the tables were not distributed when this backend last looked. The
+    // answer must hold until the caller's statements have run: lockext.locks is held in ROW
+    // EXCLUSIVE mode (what its writers take anyway) to the end of the transaction, which the
+    // EXCLUSIVE lock of create_distributed_table conflicts with. Without it, a call (or the
+    // reaper's round) that saw "no" while citus_distribute ran would run its statements,
+    // planned anew, on the table just distributed: a distributed query, unguarded (the
+    // reaper's round failed so in the tests). A standby takes no such lock, and distributes
+    // nothing.
+    if let Some(locks) = locks {
+        if !backend::in_recovery() {
+            unsafe { pg_sys::LockRelationOid(locks, pg_sys::RowExclusiveLock as pg_sys::LOCKMODE) };
+        }
+    }
     let distributed = Spi::connect_mut(|_| DISTRIBUTED.read_latest(Args::new()))
         .and_then(|row| row.get::<bool>("distributed"))
         .unwrap_or(false);
@@ -181,10 +195,13 @@ pub struct Routed {
 /// not crashes (a release lost there let its owner's next acquire get the same grant back,
 /// after it had heard "released").
 pub fn route(lock_id: Text<'_>) -> Result<Option<Routed>, LockError> {
-    if !distributed()? {
-        return Ok(None);
-    }
-    if backend::in_transaction_block() {
+    refuse_in_transaction_block()?;
+    route_look(lock_id)
+}
+
+/// Refuses a call inside a transaction block on a distributed installation (why: below).
+pub fn refuse_in_transaction_block() -> Result<(), LockError> {
+    if distributed()? && backend::in_transaction_block() {
         // A token must reach a client only with its grant's commit: one that rolled back
         // after its token was read would leave that token out of the lock id's highest.
         // And no call may hold its shard's metadata lock for longer than itself: a
@@ -196,6 +213,18 @@ pub fn route(lock_id: Text<'_>) -> Result<Option<Routed>, LockError> {
             hint: "Call it outside BEGIN ... COMMIT: Citus then runs it on the node of its \
                    lock id, where it commits at once.",
         });
+    }
+    Ok(())
+}
+
+/// As `route`, for one look of a call that waits (lock_observe), which
+/// `refuse_in_transaction_block` let through: each look runs in a subtransaction that is
+/// rolled back (and so is seen as a transaction block), which releases the shard's
+/// metadata lock, so that a waiting call holds up no move of its shard for longer than a
+/// look.
+pub fn route_look(lock_id: Text<'_>) -> Result<Option<Routed>, LockError> {
+    if !distributed()? {
+        return Ok(None);
     }
     let relations = Spi::connect_mut(|client| {
         let shard = first_named::<i64>(
@@ -308,10 +337,33 @@ pub fn after_grant(lock_id: Text<'_>, token: i64) -> Result<(), LockError> {
     Ok(())
 }
 
-/// The hint of every function refused on a distributed installation.
-pub const ONLY_LEASES: &str = "On a Citus cluster lockext serves lock_acquire, lock_renew and \
-    lock_release, each delegated to the node of its lock id; fence a resource by its lock's \
-    tokens where it is written (docs/citus.md).";
+/// On a Citus cluster a resource is fenced only by the lock of its own id: that lock's
+/// rows are in the resource's shard (both tables are distributed by the id, colocated), so
+/// a fenced call routed by the resource id checks the lock's grant on this node, and the
+/// lock's tokens are the only ones ordered there (between lock ids there is no order).
+/// Refuses a resource `bound` to no lock, or to another.
+pub fn require_own_lock(resource_id: Text<'_>, bound: Option<Text<'_>>) -> Result<(), LockError> {
+    if bound.map(Text::bytes) == Some(resource_id.bytes()) {
+        return Ok(());
+    }
+    Err(LockError::CitusUnsupported {
+        what: "a resource is fenced only once it is bound to the lock of its own id",
+        hint:
+            "As lockext_admin: SELECT lockext.bind_resource('acct:42', 'acct:42'); then write it \
+               with that lock's grants. Tokens are ordered per lock id only (docs/citus.md).",
+    })
+}
+
+/// The hint of the keep-alive functions, refused on a distributed installation.
+pub const RENEW_EACH: &str = "Renew each lease with lockext.lock_renew, which Citus runs on the \
+    node of its lock id (docs/citus.md).";
+
+/// The hint of the functions that fence in the caller's own transaction.
+pub const FENCE_ALONE: &str =
+    "On a Citus cluster a fenced write is one call: lockext.fenced_update \
+    on a resource bound to the lock of its own id, or your own table's row checked in the \
+    statement that writes it (UPDATE ... WHERE key = lock id AND token <= $token), on a table \
+    distributed by the lock id (docs/citus.md).";
 
 /// Refuses `what` on a database whose lease tables are distributed, with `hint`.
 pub fn refuse(what: &'static str, hint: &'static str) -> Result<(), LockError> {

@@ -37,6 +37,7 @@ use pgrx::spi::SpiClient;
 
 use crate::backend;
 use crate::caller;
+use crate::citus;
 use crate::error::{self, LockError, OrReport};
 use crate::kind::Request;
 use crate::lease;
@@ -112,11 +113,6 @@ fn lock_campaign(
     permits: default!(Option<i32>, "NULL"),
     session_bound: default!(Option<bool>, "false"),
 ) -> Option<pgrx::composite_type!('static, "lock_grant")> {
-    crate::citus::refuse(
-        "lock_campaign is not available yet",
-        crate::citus::ONLY_LEASES,
-    )
-    .or_report();
     caller::as_member(|| {
         let lock_id = error::identifier("lock_id", lock_id)?;
         let value = valid_value(value)?;
@@ -131,13 +127,15 @@ fn lock_campaign(
             session_bound,
             None,
         )?;
-        let Some(granted) = lease::acquire(&request)? else {
-            return Ok(None);
-        };
-        // Found unless the ttl was shorter than this call: then the grant has run out
-        // already, which its expires_at shows, and it has no value, as nobody holds it.
-        store(lock_id, request.owner, granted.token, value)?;
-        granted.to_grant().map(Some)
+        lease::acquire_routed(&request, |granted| {
+            let Some(granted) = granted else {
+                return Ok(None);
+            };
+            // Found unless the ttl was shorter than this call: then the grant has run out
+            // already, which its expires_at shows, and it has no value, as nobody holds it.
+            store(lock_id, request.owner, granted.token, value)?;
+            granted.to_grant().map(Some)
+        })
     })
     .or_report()
 }
@@ -152,13 +150,9 @@ fn set_lease_value(
     fence_token: Option<i64>,
     value: Option<Jsonb>,
 ) -> Option<i64> {
-    crate::citus::refuse(
-        "lock_set_value is not available yet",
-        crate::citus::ONLY_LEASES,
-    )
-    .or_report();
     caller::as_member(|| {
         let lock_id = error::identifier("lock_id", lock_id)?;
+        let _routed = citus::route(lock_id)?;
         let owner = error::identifier("owner", owner)?;
         let fence_token = error::token("fence_token", fence_token)?;
         let value = valid_value(value)?;
@@ -193,13 +187,9 @@ fn lock_holders(
         name!(expires_at, TimestampWithTimeZone),
     ),
 > {
-    crate::citus::refuse(
-        "lock_holders is not available yet",
-        crate::citus::ONLY_LEASES,
-    )
-    .or_report();
     let holders = caller::as_member(|| {
         let lock_id = error::identifier("lock_id", lock_id)?;
+        let _routed = citus::route(lock_id)?;
         let now = backend::now()?;
         Spi::connect_mut(|client| read_holders(client, lock_id, now, None, true))
     })
@@ -241,11 +231,6 @@ fn lock_observe(
         name!(expires_at, Option<TimestampWithTimeZone>),
     ),
 > {
-    crate::citus::refuse(
-        "lock_observe is not available yet",
-        crate::citus::ONLY_LEASES,
-    )
-    .or_report();
     let (changed, leader) =
         caller::as_member(|| observe(lock_id, known_token, known_version, timeout)).or_report();
     let row = match leader {
@@ -385,12 +370,16 @@ fn observe(
     }
     // A free lock has no value to know.
     let known: State = (known_token, known_token.map_or(0, |_| known_version));
+    citus::refuse_in_transaction_block()?;
     let deadline = Instant::now() + timeout;
     loop {
         let now = backend::now()?;
         let mut seen = None;
-        // Rolled back (the body returns None): it releases the locks its read took.
+        // Rolled back (the body returns None): it releases the locks its read took, on a
+        // Citus cluster its shard's metadata lock too (routed at each look, so that an
+        // observer never holds up a move of its shard for longer than one look).
         xact::all_or_nothing(|| {
+            let _routed = citus::route_look(lock_id)?;
             seen = Some(Spi::connect_mut(|client| {
                 let leader = read_holders(client, lock_id, now, Some(1), false)?;
                 Ok::<_, LockError>(Holder::state(leader.first()))
@@ -404,6 +393,7 @@ fn observe(
         wait::nap(deadline, OBSERVE_NAP);
     }
     let now = backend::now()?;
+    let _routed = citus::route(lock_id)?;
     let leader = Spi::connect_mut(|client| read_holders(client, lock_id, now, Some(1), true))?
         .into_iter()
         .next();

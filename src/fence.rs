@@ -23,6 +23,7 @@ use pgrx::{register_subxact_callback, PgSqlErrorCode, PgSubXactCallbackEvent};
 use crate::backend;
 use crate::caller::{self, Needs};
 use crate::catalog;
+use crate::citus;
 use crate::error::{self, LockError, OrReport};
 use crate::statements::{first_named, Args, Statement};
 use crate::stats::{self, Counter};
@@ -34,6 +35,19 @@ use crate::xact;
 // file's header).
 static ADVANCE: Statement = Statement {
     sql: include_str!("../sql/run/fence/advance.sql"),
+    params: &[
+        ("resource_id", TEXTOID),
+        ("fence_token", INT8OID),
+        ("data", JSONBOID),
+        ("replace", BOOLOID),
+        ("role", OIDOID),
+    ],
+};
+
+// The same, on a Citus cluster, for a resource bound to the lock of its own id (why an
+// UPDATE: the file's header).
+static ADVANCE_OWN_LOCK: Statement = Statement {
+    sql: include_str!("../sql/run/fence/advance_own_lock.sql"),
     params: &[
         ("resource_id", TEXTOID),
         ("fence_token", INT8OID),
@@ -92,12 +106,11 @@ fn fenced_update_0_3(
     fence_token: Option<i64>,
     data: Option<Jsonb>,
 ) -> bool {
-    crate::citus::refuse(
-        "fenced_update is not available yet",
-        crate::citus::ONLY_LEASES,
-    )
-    .or_report();
-    caller::as_member(|| fenced_write(resource_id, fence_token, data)).or_report()
+    caller::as_member(|| {
+        let routed = routed(resource_id)?;
+        fenced_write(resource_id, fence_token, data, Scope::of(&routed))
+    })
+    .or_report()
 }
 
 /// Records `fence_token` as `resource_id`'s high-water mark, in the caller's transaction
@@ -107,9 +120,9 @@ fn fenced_update_0_3(
 #[pg_extern(volatile, parallel_unsafe, name = "fence_advance")]
 #[search_path(pg_catalog, pg_temp)]
 fn fence_advance_0_3(resource_id: Option<Text<'_>>, fence_token: Option<i64>) -> Option<i64> {
-    crate::citus::refuse(
-        "fence_advance (and lockext.fence) is not available yet",
-        crate::citus::ONLY_LEASES,
+    citus::refuse(
+        "lockext.fence records a token in the caller's own transaction",
+        citus::FENCE_ALONE,
     )
     .or_report();
     caller::as_member(|| fence_only(resource_id, fence_token)).or_report()
@@ -121,12 +134,11 @@ fn fence_advance_0_3(resource_id: Option<Text<'_>>, fence_token: Option<i64>) ->
 #[pg_extern(volatile, parallel_unsafe)]
 #[search_path(pg_catalog, pg_temp)]
 fn fence_read_check(resource_id: Option<Text<'_>>, fence_token: Option<i64>) -> Option<TextBuf> {
-    crate::citus::refuse(
-        "fence_read and fenced_read is not available yet",
-        crate::citus::ONLY_LEASES,
-    )
-    .or_report();
-    caller::as_member(|| read_check(resource_id, fence_token)).or_report()
+    caller::as_member(|| {
+        let routed = routed(resource_id)?;
+        read_check(resource_id, fence_token, Scope::of(&routed))
+    })
+    .or_report()
 }
 
 /// One role's declaration of its writer's token in the current transaction, made in
@@ -181,9 +193,9 @@ fn watch_subtransactions() {
 #[pg_extern(volatile, parallel_unsafe)]
 #[search_path(pg_catalog, pg_temp)]
 fn declare_token(fence_token: Option<i64>) {
-    crate::citus::refuse(
-        "declare_token is not available yet",
-        crate::citus::ONLY_LEASES,
+    citus::refuse(
+        "declare_token declares a token for rows that take tokens of any lock",
+        citus::FENCE_ALONE,
     )
     .or_report();
     caller::require(Needs::User)
@@ -218,7 +230,11 @@ fn declared_by(role: pg_sys::Oid) -> Option<i64> {
 #[pg_extern(volatile, parallel_unsafe)]
 #[search_path(pg_catalog, pg_temp)]
 fn fence_row(fence_token: Option<i64>, row_token: Option<i64>) -> bool {
-    crate::citus::refuse("fence_row is not available yet", crate::citus::ONLY_LEASES).or_report();
+    citus::refuse(
+        "fence_row checks rows that take tokens of any lock",
+        citus::FENCE_ALONE,
+    )
+    .or_report();
     caller::require(Needs::User)
         .and_then(|()| row_accepts(fence_token, row_token))
         .or_report()
@@ -666,9 +682,9 @@ impl Width {
 /// The trigger's checks, in the order 0.3.0's PL/pgSQL body made them, with its errors
 /// word for word; the row to return, or the refusal.
 fn guard_row(call: &Call) -> Result<pg_sys::Datum, Refusal> {
-    if let Err(LockError::CitusUnsupported { what, hint }) = crate::citus::refuse(
-        "lockext.fence_guard is not available yet",
-        crate::citus::ONLY_LEASES,
+    if let Err(LockError::CitusUnsupported { what, hint }) = citus::refuse(
+        "lockext.fence_guard guards rows that take tokens of any lock",
+        citus::FENCE_ALONE,
     ) {
         return Err(Refusal::new(
             PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
@@ -984,9 +1000,10 @@ fn declare(fence_token: Option<i64>) -> Result<(), LockError> {
 #[pg_extern(volatile, parallel_unsafe, name = "check_token")]
 #[search_path(pg_catalog, pg_temp)]
 fn check_token_0_3(fence_token: Option<i64>) {
-    crate::citus::refuse(
-        "check_token is not available yet",
-        crate::citus::ONLY_LEASES,
+    citus::refuse(
+        "check_token checks a token without its lock, and tokens are ordered per lock id only",
+        "Check the grant with lockext.lock_check(lock_id, fence_token), which Citus runs on \
+         the node of its lock id.",
     )
     .or_report();
     caller::as_member(|| checked_token(fence_token)).or_report();
@@ -1014,9 +1031,11 @@ fn exclusive_grant_live(lock_id: Text<'_>, fence_token: i64, holder_role: pg_sys
 #[pg_extern(volatile, parallel_unsafe, name = "lock_check")]
 #[search_path(pg_catalog, pg_temp)]
 fn lock_check_0_3(lock_id: Option<Text<'_>>, fence_token: Option<i64>) -> bool {
-    crate::citus::refuse("lock_check is not available yet", crate::citus::ONLY_LEASES).or_report();
     caller::require(Needs::User)
-        .and_then(|()| lease_is_live(lock_id, fence_token))
+        .and_then(|()| {
+            let _routed = routed(lock_id)?;
+            lease_is_live(lock_id, fence_token)
+        })
         .or_report()
 }
 
@@ -1028,15 +1047,15 @@ fn lock_check_0_3(lock_id: Option<Text<'_>>, fence_token: Option<i64>) -> bool {
 #[pg_extern(volatile, parallel_unsafe)]
 #[search_path(pg_catalog, pg_temp)]
 fn bind_resource(resource_id: Option<Text<'_>>, lock_id: Option<Text<'_>>) {
-    crate::citus::refuse(
-        "bind_resource is not available yet",
-        crate::citus::ONLY_LEASES,
-    )
-    .or_report();
     caller::require(Needs::Admin {
         action: "bind a resource to a lock",
     })
-    .and_then(|()| caller::as_owner(|| bind(resource_id, lock_id)))
+    .and_then(|()| {
+        caller::as_owner(|| {
+            let routed = routed(resource_id)?;
+            bind(resource_id, lock_id, Scope::of(&routed))
+        })
+    })
     .or_report()
 }
 
@@ -1044,11 +1063,41 @@ pub fn fenced_write(
     resource_id: Option<Text<'_>>,
     fence_token: Option<i64>,
     data: Option<Jsonb>,
+    scope: Scope,
 ) -> Result<bool, LockError> {
     let resource_id = error::identifier("resource_id", resource_id)?;
     let fence_token = error::token("fence_token", fence_token)?;
     let data = data.ok_or(LockError::NullArgument { arg: "data" })?;
-    advance(resource_id, fence_token, Some(data))
+    advance(resource_id, fence_token, Some(data), scope)
+}
+
+/// Where a fencing call's resource lives: on one server, beside every lock, its tokens
+/// ordered with every lock's; on a Citus cluster (`citus::route`), in the shard of the lock
+/// of its own id, and fenced by that lock's grants only (`citus::require_own_lock`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    Server,
+    Shard,
+}
+
+impl Scope {
+    pub fn of(routed: &Option<citus::Routed>) -> Scope {
+        if routed.is_some() {
+            Scope::Shard
+        } else {
+            Scope::Server
+        }
+    }
+}
+
+/// A fencing call's route on a Citus cluster (`citus::route`, by the resource id or the lock
+/// id: the same shard for a resource bound to the lock of its own id); its argument is
+/// checked first, so that bad input gets its own SQLSTATE on any node.
+fn routed(id: Option<Text<'_>>) -> Result<Option<citus::Routed>, LockError> {
+    match id {
+        Some(id) => citus::route(id),
+        None => Ok(None),
+    }
 }
 
 fn fence_only(
@@ -1057,7 +1106,7 @@ fn fence_only(
 ) -> Result<Option<i64>, LockError> {
     let resource_id = error::identifier("resource_id", resource_id)?;
     let fence_token = error::token("fence_token", fence_token)?;
-    if advance(resource_id, fence_token, None)? {
+    if advance(resource_id, fence_token, None, Scope::Server)? {
         return Ok(None);
     }
     Spi::connect_mut(|client| {
@@ -1071,11 +1120,18 @@ fn fence_only(
     })
 }
 
-fn bind(resource_id: Option<Text<'_>>, lock_id: Option<Text<'_>>) -> Result<(), LockError> {
+fn bind(
+    resource_id: Option<Text<'_>>,
+    lock_id: Option<Text<'_>>,
+    scope: Scope,
+) -> Result<(), LockError> {
     let resource_id = error::identifier("resource_id", resource_id)?;
     let lock_id = lock_id
         .map(|id| error::identifier("lock_id", Some(id)))
         .transpose()?;
+    if scope == Scope::Shard && lock_id.is_some() {
+        citus::require_own_lock(resource_id, lock_id)?;
+    }
     backend::writable_server()?;
     Spi::connect_mut(|client| {
         let args = Args::new()
@@ -1097,10 +1153,25 @@ fn advance(
     resource_id: Text<'_>,
     fence_token: i64,
     data: Option<Jsonb>,
+    scope: Scope,
 ) -> Result<bool, LockError> {
     backend::writable_server()?;
     let accepted = Spi::connect_mut(|client| {
-        token::require_issued(client, fence_token)?;
+        // On a Citus cluster the node's ledger says nothing of a lock whose shard moved in:
+        // the live grant the bound resource demands is the check.
+        let statement = match scope {
+            Scope::Server => {
+                token::require_issued(client, fence_token)?;
+                &ADVANCE
+            }
+            Scope::Shard => {
+                let rows =
+                    RESOURCE_LOCK.run(client, Args::new().set("resource_id", resource_id))?;
+                let bound = first_named::<TextBuf>(rows, "lock_id")?;
+                citus::require_own_lock(resource_id, bound.as_ref().map(TextBuf::as_text))?;
+                &ADVANCE_OWN_LOCK
+            }
+        };
         let replace = data.is_some();
         let args = Args::new()
             .set("resource_id", resource_id)
@@ -1112,7 +1183,7 @@ fn advance(
         // WHERE says no): undone, so that a refused writer whose transaction stays open
         // (fenced_update answers false, it raises nothing) holds up no one.
         Ok::<_, LockError>(
-            xact::kept_if_found(|| Ok((!ADVANCE.run(client, args)?.is_empty()).then_some(())))?
+            xact::kept_if_found(|| Ok((!statement.run(client, args)?.is_empty()).then_some(())))?
                 .is_some(),
         )
     })?;
@@ -1131,6 +1202,7 @@ fn lease_is_live(lock_id: Option<Text<'_>>, fence_token: Option<i64>) -> Result<
 fn read_check(
     resource_id: Option<Text<'_>>,
     fence_token: Option<i64>,
+    scope: Scope,
 ) -> Result<Option<TextBuf>, LockError> {
     let resource_id = error::identifier("resource_id", resource_id)?;
     let fence_token = error::token("fence_token", fence_token)?;
@@ -1138,7 +1210,7 @@ fn read_check(
     // hold the lock at all) must not hold up the resource's writers.
     let mut why = None;
     xact::kept_if_found(|| {
-        why = refusal(resource_id, fence_token)?;
+        why = refusal(resource_id, fence_token, scope)?;
         Ok(why.is_none().then_some(()))
     })?;
     if why.is_some() {
@@ -1149,18 +1221,31 @@ fn read_check(
 
 /// Why a reader may not read `resource_id` with `fence_token`, if it may not; takes the
 /// resource's row share-locked.
-fn refusal(resource_id: Text<'_>, fence_token: i64) -> Result<Option<TextBuf>, LockError> {
+fn refusal(
+    resource_id: Text<'_>,
+    fence_token: i64,
+    scope: Scope,
+) -> Result<Option<TextBuf>, LockError> {
     let (mark, guard) = Spi::connect_mut(|client| {
-        token::require_issued(client, fence_token)?;
-        let rows = READ_MARK.run(client, Args::new().set("resource_id", resource_id))?;
-        if rows.is_empty() {
-            return Ok::<_, LockError>((None, None));
+        if scope == Scope::Server {
+            token::require_issued(client, fence_token)?;
         }
-        let row = rows.first();
-        Ok((
-            row.get_by_name::<i64, _>("fence_token")?,
-            row.get_by_name::<TextBuf, _>("lock_id")?,
-        ))
+        let rows = READ_MARK.run(client, Args::new().set("resource_id", resource_id))?;
+        let (mark, guard) = if rows.is_empty() {
+            (None, None)
+        } else {
+            let row = rows.first();
+            (
+                row.get_by_name::<i64, _>("fence_token")?,
+                row.get_by_name::<TextBuf, _>("lock_id")?,
+            )
+        };
+        // Its binding read under the row's share lock: it holds to the end of the reader's
+        // transaction.
+        if scope == Scope::Shard {
+            citus::require_own_lock(resource_id, guard.as_ref().map(TextBuf::as_text))?;
+        }
+        Ok::<_, LockError>((mark, guard))
     })?;
     if let Some(guard) = guard {
         if !read_now(

@@ -122,8 +122,9 @@ fn lock_keepalive_grant(
     ),
 > {
     crate::citus::refuse(
-        "lock_keepalive_grant is not available yet",
-        crate::citus::ONLY_LEASES,
+        "a keep-alive renews leases of many lock ids at once, which a Citus cluster keeps on \
+         different nodes",
+        crate::citus::RENEW_EACH,
     )
     .or_report();
     caller::as_member(|| {
@@ -161,8 +162,9 @@ fn lock_keepalive_renew(
     ttl: default!(Option<Interval>, "NULL"),
 ) -> Option<TimestampWithTimeZone> {
     crate::citus::refuse(
-        "lock_keepalive_renew is not available yet",
-        crate::citus::ONLY_LEASES,
+        "a keep-alive renews leases of many lock ids at once, which a Citus cluster keeps on \
+         different nodes",
+        crate::citus::RENEW_EACH,
     )
     .or_report();
     caller::as_member(|| {
@@ -210,8 +212,9 @@ fn lock_keepalive_renew(
 #[search_path(pg_catalog, pg_temp)]
 fn lock_keepalive_revoke(keepalive: Option<i64>) -> Option<i64> {
     crate::citus::refuse(
-        "lock_keepalive_revoke is not available yet",
-        crate::citus::ONLY_LEASES,
+        "a keep-alive renews leases of many lock ids at once, which a Citus cluster keeps on \
+         different nodes",
+        crate::citus::RENEW_EACH,
     )
     .or_report();
     caller::as_member(|| {

@@ -155,18 +155,31 @@ fn lock_acquire_0_3(
             session_bound,
             keepalive,
         )?;
-        let routed = citus::route(lock_id)?;
-        if routed.is_some() {
-            refuse_on_citus(&request)?;
-            citus::before_grant(lock_id)?;
-        }
-        let granted = acquire(&request)?;
-        if let (Some(_), Some(granted)) = (&routed, &granted) {
-            citus::after_grant(lock_id, granted.token)?;
-        }
-        granted.map(|g| g.to_grant()).transpose()
+        acquire_routed(&request, |granted| {
+            granted.map(|g| g.to_grant()).transpose()
+        })
     })
     .or_report()
+}
+
+/// `acquire`, on its lock id's node on a Citus cluster (`citus::route`: refusing what cannot
+/// run there, the ledger first raised past the lock id's highest, the token recorded as its
+/// highest); then `then` on the grant, still on that node's shards (lock_campaign sets the
+/// grant's value there). On a server without Citus, `acquire` and `then`.
+pub fn acquire_routed<R>(
+    request: &Request<'_>,
+    then: impl FnOnce(Option<Granted>) -> Result<R, LockError>,
+) -> Result<R, LockError> {
+    let routed = citus::route(request.lock_id)?;
+    if routed.is_some() {
+        refuse_on_citus(request)?;
+        citus::before_grant(request.lock_id)?;
+    }
+    let granted = acquire(request)?;
+    if let (Some(_), Some(granted)) = (&routed, &granted) {
+        citus::after_grant(request.lock_id, granted.token)?;
+    }
+    then(granted)
 }
 
 /// What an acquire may not ask for on a Citus cluster (docs/citus.md says why).
@@ -175,7 +188,8 @@ fn refuse_on_citus(request: &Request<'_>) -> Result<(), LockError> {
     if !request.wait.is_zero() {
         return refused(
             "lock_acquire does not wait",
-            "Call it again from the client: a waiting call would hold its shard in place.",
+            "Call it again: a waiting call would hold its shard in place. To wait for the \
+             holder to change, lockext.lock_observe(lock_id), then call it again.",
         );
     }
     if request.attachments.keepalive.is_some() {
@@ -228,7 +242,7 @@ fn lock_release_0_3(
 
 /// A renewal's or a release's route on a Citus cluster (`citus::route`); its arguments are
 /// checked first, so that bad input gets its own SQLSTATE on any node.
-fn routed(lock_id: Option<Text<'_>>) -> Result<Option<citus::Routed>, LockError> {
+pub fn routed(lock_id: Option<Text<'_>>) -> Result<Option<citus::Routed>, LockError> {
     let lock_id = error::identifier("lock_id", lock_id)?;
     citus::route(lock_id)
 }

@@ -43,8 +43,10 @@ fn lock_acquire_all_0_3(
     ),
 > {
     crate::citus::refuse(
-        "lock_acquire_all is not available yet",
-        crate::citus::ONLY_LEASES,
+        "lock_acquire_all takes leases of many lock ids in one transaction, which a Citus \
+         cluster keeps on different nodes",
+        "Take them one at a time with lock_acquire, always in the same order (sorted lock ids), \
+         and release those taken when one is refused (docs/citus.md).",
     )
     .or_report();
     TableIterator::new(
@@ -70,8 +72,9 @@ type GrantRow = (
 #[search_path(pg_catalog, pg_temp)]
 fn lock_release_all_0_3(lock_ids: Option<Vec<Option<TextBuf>>>, owner: Option<Text<'_>>) -> i32 {
     crate::citus::refuse(
-        "lock_release_all is not available yet",
-        crate::citus::ONLY_LEASES,
+        "lock_release_all ends leases of many lock ids in one transaction, which a Citus \
+         cluster keeps on different nodes",
+        "Release each with lock_release, which Citus runs on the node of its lock id.",
     )
     .or_report();
     caller::as_member(|| release_all(lock_ids, owner)).or_report()

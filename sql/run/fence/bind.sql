@@ -4,7 +4,7 @@
 -- $1 resource_id, $2 lock_id (NULL: unbind)
 INSERT INTO lockext.resources AS r (resource_id, fence_token, data, updated_at, lock_id)
 VALUES ($1, 0, NULL, clock_timestamp(), $2)
-    ON CONFLICT ON CONSTRAINT resources_pkey DO UPDATE
+    ON CONFLICT (resource_id) DO UPDATE
    SET lock_id = EXCLUDED.lock_id,
        fence_token = CASE WHEN EXCLUDED.lock_id IS NOT NULL
                            AND r.lock_id IS DISTINCT FROM EXCLUDED.lock_id

@@ -5,6 +5,8 @@
 //! - `citus_leases_through_the_coordinator_and_the_workers`: grant, renew, release through
 //!   the coordinator and straight to either worker; what is refused (0A000); the reaper of
 //!   each worker ends the expired leases of its own shards.
+//! - `citus_fencing_and_a_leader_through_a_move`: a resource bound to the lock of its own
+//!   id refuses a paused holder after its shard moved; a leader's observer holds up no move.
 //! - `citus_tokens_rise_through_shard_moves_under_contention`: clients contend for lock ids
 //!   through the coordinator while their shards move from the worker whose ledger is far
 //!   ahead to the other and back, and a rebalance runs; from what the clients saw, no two
@@ -168,8 +170,13 @@ fn citus_leases_through_the_coordinator_and_the_workers() {
         "SELECT lockext.lock_acquire('c', 'me', '30 seconds', wait => '1 second')",
         "SELECT lockext.lock_acquire('c', 'me', '30 seconds', session_bound => true)",
         "SELECT lockext.lock_acquire_all(ARRAY['c', 'd'], 'me', '30 seconds')",
+        // A resource not bound to the lock of its own id.
         "SELECT lockext.fenced_update('r', 1, '{}')",
+        "SELECT lockext.fence('r', 1)",
+        "SELECT lockext.check_token(1)",
+        "SELECT lockext.lock_release_all(ARRAY['c', 'd'], 'me')",
         "SELECT lockext.lock_keepalive_grant('30 seconds')",
+        "BEGIN; SELECT * FROM lockext.lock_holders('c'); COMMIT",
         "BEGIN; SELECT lockext.lock_renew('a', 'you', '30 seconds'); COMMIT",
         "SELECT lockext.declare_token(1)",
         // Not delegated (a CTE): run on the coordinator, which holds no shard.
@@ -656,6 +663,228 @@ fn citus_a_paused_holder_is_fenced_after_a_move() {
     checks.check(
         data == "b",
         format!("the resource holds b's write ({data})"),
+    );
+    checks.finish();
+}
+
+/// lockext's own fencing and leader election on the cluster, through a move of their
+/// shards: a resource bound to the lock of its own id refuses a paused holder after the move
+/// (and a member presenting another role's grant, and an unbound resource with 0A000); a
+/// leader's observer does not hold up the move (its shard's metadata lock is released after
+/// each look), hears 40001 once the shard has gone, and on calling again sees the leader's
+/// new value.
+#[test]
+fn citus_fencing_and_a_leader_through_a_move() {
+    let mut checks = Checks::new("citus fencing and election");
+    let cluster = distributed(8);
+    let (w1, w2) = (cluster.workers[0].port, cluster.workers[1].port);
+    let mut c = cluster.connect();
+    c.batch_execute("CREATE ROLE mallory LOGIN; GRANT lockext_user TO mallory")
+        .expect("mallory");
+    let mut found = locks_on(&cluster, w1, "acct-", 2);
+    let (leader_lock, leader_shard) = found.remove(1);
+    let (lock, shard) = found.remove(0);
+    let code = |r: Result<postgres::Row, postgres::Error>| match r {
+        Ok(_) => "no error".to_string(),
+        Err(e) => sqlstate(&e),
+    };
+
+    // What cannot be kept is refused: a resource bound to another lock, or to none.
+    let other = code(c.query_one("SELECT lockext.bind_resource($1, 'elsewhere')", &[&lock]));
+    let unbound = code(c.query_one("SELECT lockext.fenced_update($1, 1, '{}')", &[&lock]));
+    checks.check(
+        other == "0A000" && unbound == "0A000",
+        format!("bound to another lock, or unbound: refused with 0A000 ({other}, {unbound})"),
+    );
+    c.query_one("SELECT lockext.bind_resource($1, $1)", &[&lock])
+        .expect("bind the resource to its own lock");
+
+    let fenced = |c: &mut Client, token: i64, by: &str| -> bool {
+        c.query_one(
+            "SELECT lockext.fenced_update($1, $2, jsonb_build_object('by', $3::text))",
+            &[&lock, &token, &by],
+        )
+        .expect("fenced_update")
+        .get(0)
+    };
+    // The document fenced_read returns, as text (a lone call, which Citus delegates; the
+    // lock ids here need no quoting).
+    let read = |c: &mut Client, token: i64| -> Result<String, String> {
+        let messages = c
+            .simple_query(&format!("SELECT lockext.fenced_read('{lock}', {token})"))
+            .map_err(|e| sqlstate(&e))?;
+        Ok(messages
+            .iter()
+            .find_map(|m| match m {
+                postgres::SimpleQueryMessage::Row(row) => row.get(0).map(str::to_string),
+                _ => None,
+            })
+            .unwrap_or_default())
+    };
+    let a: i64 = c
+        .query_one(
+            "SELECT fence_token FROM lockext.lock_acquire($1, 'a', '1 second')",
+            &[&lock],
+        )
+        .expect("a acquires")
+        .get::<_, Option<i64>>(0)
+        .expect("a is granted");
+    checks.check(fenced(&mut c, a, "a"), format!("a writes with {a}"));
+    checks.check(
+        read(&mut c, a) == Ok(r#"{"by": "a"}"#.into()),
+        "a reads its write".into(),
+    );
+
+    // A leader, and an observer through the coordinator waiting for its value to change.
+    let leader: i64 = c
+        .query_one(
+            "SELECT fence_token FROM lockext.lock_campaign($1, 'n1', '300 seconds', '{\"addr\": 1}')",
+            &[&leader_lock],
+        )
+        .expect("campaign")
+        .get::<_, Option<i64>>(0)
+        .expect("n1 leads");
+    let coordinator = cluster.coordinator.port;
+    let watched = leader_lock.clone();
+    let observer = thread::spawn(move || {
+        let mut o = Client::connect(
+            &format!("host=127.0.0.1 port={coordinator} user=postgres dbname=postgres"),
+            postgres::NoTls,
+        )
+        .expect("observer connects");
+        // Each outcome: an error's SQLSTATE, or whether it changed and the version.
+        let mut outcomes: Vec<Result<(bool, i64), String>> = Vec::new();
+        loop {
+            let r = o.query_one(
+                "SELECT changed, version FROM lockext.lock_observe($1, $2, 1, '60 seconds')",
+                &[&watched, &leader],
+            );
+            let outcome = r
+                .map(|row| {
+                    (
+                        row.get::<_, bool>(0),
+                        row.get::<_, Option<i64>>(1).unwrap_or(0),
+                    )
+                })
+                .map_err(|e| sqlstate(&e));
+            let done = !matches!(&outcome, Err(code) if code == "40001");
+            outcomes.push(outcome);
+            if done || outcomes.len() > 20 {
+                return outcomes;
+            }
+        }
+    });
+    // Both shards move to worker 2 (whose ledger is behind) while a is paused and the
+    // observer waits (seen waiting on the worker, in its delegated call).
+    let mut w = cluster.worker(w1).connect();
+    eventually(
+        Duration::from_secs(30),
+        "the observer waits on worker 1",
+        || {
+            let n: i64 = w
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity \
+                  WHERE state = 'active' AND query LIKE '%lock_observe%' \
+                    AND pid <> pg_backend_pid()",
+                    &[],
+                )
+                .ok()?
+                .get(0);
+            (n > 0).then_some(())
+        },
+    );
+    cluster.move_shard(shard, w1, w2);
+    if leader_shard != shard {
+        cluster.move_shard(leader_shard, w1, w2);
+    }
+    thread::sleep(Duration::from_millis(1200));
+
+    // a's lease has run out: refused at once, before anyone else writes.
+    checks.check(
+        !fenced(&mut c, a, "a, expired"),
+        "a's write once its lease ran out: refused".into(),
+    );
+    let b: i64 = c
+        .query_one(
+            "SELECT fence_token FROM lockext.lock_acquire($1, 'b', '30 seconds')",
+            &[&lock],
+        )
+        .expect("b acquires")
+        .get::<_, Option<i64>>(0)
+        .expect("b is granted once a's lease ran out");
+    checks.check(
+        b > a,
+        format!("b's token, minted on the other worker, is above a's ({b} > {a})"),
+    );
+    checks.check(fenced(&mut c, b, "b"), format!("b writes with {b}"));
+    checks.check(!fenced(&mut c, a, "a again"), "a resumes: refused".into());
+    let stale = read(&mut c, a);
+    checks.check(
+        stale == Err("55L01".into()),
+        format!("a's read: 55L01 ({stale:?})"),
+    );
+    let mut m = cluster.coordinator.connect_as("mallory", "postgres");
+    let forged: bool = m
+        .query_one(
+            "SELECT lockext.fenced_update($1, $2, '{\"by\": \"mallory\"}')",
+            &[&lock, &b],
+        )
+        .expect("mallory's write")
+        .get(0);
+    checks.check(!forged, "mallory, with b's token: refused".into());
+    checks.check(
+        read(&mut c, b) == Ok(r#"{"by": "b"}"#.into()),
+        "the resource holds b's write".into(),
+    );
+    let live: Vec<bool> = [a, b]
+        .iter()
+        .map(|t| {
+            c.query_one("SELECT lockext.lock_check($1, $2)", &[&lock, t])
+                .expect("lock_check")
+                .get(0)
+        })
+        .collect();
+    checks.check(
+        live == [false, true],
+        format!("lock_check: a's grant ended, b's live ({live:?})"),
+    );
+
+    // The leader proclaims a new value; the observer, called again after the move, sees it.
+    let version: i64 = c
+        .query_one(
+            "SELECT lockext.lock_set_value($1, 'n1', $2, '{\"addr\": 2}')",
+            &[&leader_lock, &leader],
+        )
+        .expect("set value")
+        .get(0);
+    let outcomes = observer.join().expect("observer");
+    println!("citus fencing: observer outcomes {outcomes:?}");
+    // Had the observer held its shard's metadata lock while it waited, the move would have
+    // waited for its 60 seconds to end, and its first answer would be "no change"; a 40001
+    // is the sign of a move ended while it waited.
+    checks.check(
+        outcomes.first() == Some(&Err("40001".into())),
+        "the observer held up no move: its first answer is 40001, the shard gone".into(),
+    );
+    checks.check(
+        outcomes.last() == Some(&Ok((true, version)))
+            && outcomes[..outcomes.len() - 1]
+                .iter()
+                .all(|o| o == &Err("40001".into())),
+        format!("the observer: 40001 after the move, then the new value, version {version}"),
+    );
+    let holders: Vec<(String, i64, String)> = c
+        .query(
+            "SELECT owner, version, value ->> 'addr' FROM lockext.lock_holders($1)",
+            &[&leader_lock],
+        )
+        .expect("holders")
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect();
+    checks.check(
+        holders == [("n1".to_string(), 2, "2".to_string())],
+        format!("lock_holders on the new worker: {holders:?}"),
     );
     checks.finish();
 }
