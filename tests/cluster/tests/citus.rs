@@ -7,6 +7,10 @@
 //!   each worker ends the expired leases of its own shards.
 //! - `citus_fencing_and_a_leader_through_a_move`: a resource bound to the lock of its own
 //!   id refuses a paused holder after its shard moved; a leader's observer holds up no move.
+//! - `citus_tokens_rise_through_a_worker_failover`: a worker's synchronous standby promoted
+//!   in its place while clients contend.
+//! - `citus_extension_update_reaches_the_workers`: CREATE and ALTER EXTENSION on the
+//!   coordinator reach every worker.
 //! - `citus_tokens_rise_through_shard_moves_under_contention`: clients contend for lock ids
 //!   through the coordinator while their shards move from the worker whose ledger is far
 //!   ahead to the other and back, and a rebalance runs; from what the clients saw, no two
@@ -21,6 +25,7 @@ use std::time::{Duration, Instant};
 
 use lockext_cluster_tests::checks::Checks;
 use lockext_cluster_tests::citus::CitusCluster;
+use lockext_cluster_tests::crash::{base_backup, wait_for_primary};
 use lockext_cluster_tests::history::now_us;
 use lockext_cluster_tests::{eventually, Client};
 
@@ -889,6 +894,57 @@ fn citus_fencing_and_a_leader_through_a_move() {
     checks.finish();
 }
 
+/// `CREATE EXTENSION` and `ALTER EXTENSION ... UPDATE` on the coordinator reach every
+/// worker (Citus propagates them): lockext 0.3.0 created on the coordinator is on every node,
+/// the update to this version is too, and the grants after `citus_distribute` are above those
+/// the coordinator gave before it.
+#[test]
+fn citus_extension_update_reaches_the_workers() {
+    let mut checks = Checks::new("citus update");
+    let cluster = CitusCluster::start("citus-update", 2, "");
+    let mut c = cluster.connect();
+    c.batch_execute("DROP EXTENSION lockext; CREATE EXTENSION lockext VERSION '0.3.0'")
+        .expect("lockext 0.3.0 on the coordinator");
+    let versions = |cluster: &CitusCluster| -> Vec<Option<String>> {
+        cluster
+            .nodes()
+            .map(|node| cluster.lockext_version(node))
+            .collect()
+    };
+    let before = versions(&cluster);
+    checks.check(
+        before.iter().all(|v| v.as_deref() == Some("0.3.0")),
+        format!("0.3.0 on every node ({before:?})"),
+    );
+    let old = acquire(&mut c, "old", "me")
+        .expect("a 0.3.0 grant")
+        .expect("granted");
+    c.batch_execute("ALTER EXTENSION lockext UPDATE")
+        .expect("update on the coordinator");
+    let want: String = c
+        .query_one(
+            "SELECT default_version FROM pg_available_extensions WHERE name = 'lockext'",
+            &[],
+        )
+        .expect("default version")
+        .get(0);
+    let after = versions(&cluster);
+    checks.check(
+        after.iter().all(|v| v.as_deref() == Some(want.as_str())),
+        format!("{want} on every node after the update ({after:?})"),
+    );
+    c.batch_execute("CALL lockext.citus_distribute(8)")
+        .expect("distribute after the update");
+    let new = acquire(&mut c, "new", "me")
+        .expect("a grant on the cluster")
+        .expect("granted");
+    checks.check(
+        new > old,
+        format!("the first grant on the cluster is above the 0.3.0 one ({new} > {old})"),
+    );
+    checks.finish();
+}
+
 /// A worker killed (`pg_ctl stop -m immediate`) while clients contend through the
 /// coordinator, then started again: the grants after it are above every grant before it
 /// (WAL replay restores the highest and the ledger), and no two holders at once.
@@ -937,6 +993,91 @@ fn citus_tokens_rise_through_a_worker_crash() {
             &found[..found.len().min(5)]
         ),
     );
+    checks.finish();
+}
+
+/// A worker's failover while clients contend through the coordinator: worker 1 has a
+/// synchronous standby (every commit it acknowledges is on the standby's disk); it is
+/// stopped (`-m immediate`), its standby promoted and put in its place
+/// (`citus_update_node`, Citus's failover step), and the contention goes on: no token back
+/// and no two holders for any lock id, over the grants before and after (the promoted
+/// standby's era is higher, and each lock id's highest came with the WAL).
+#[test]
+fn citus_tokens_rise_through_a_worker_failover() {
+    let mut checks = Checks::new("citus failover");
+    let cluster = distributed(8);
+    let w1 = cluster.workers[0].port;
+    let worker = cluster.worker(w1);
+    let standby = base_backup(worker, "citus-w1-standby", "-R", "hot_standby = on");
+    standby.pg_ctl("start -w -t 60");
+    let mut p = worker.connect();
+    for sql in [
+        "ALTER SYSTEM SET synchronous_standby_names = '*'",
+        "SELECT pg_reload_conf()",
+    ] {
+        p.batch_execute(sql).expect("a synchronous standby");
+    }
+    eventually(
+        Duration::from_secs(30),
+        "the standby is synchronous",
+        || {
+            let state: String = p
+                .query_one(
+                    "SELECT coalesce(max(sync_state), 'none') FROM pg_stat_replication",
+                    &[],
+                )
+                .ok()?
+                .get(0);
+            (state == "sync").then_some(())
+        },
+    );
+    let locks: Vec<String> = locks_on(&cluster, w1, "failover-", 3)
+        .into_iter()
+        .map(|(l, _)| l)
+        .collect();
+    let stop = Arc::new(AtomicBool::new(false));
+    let clients = contend_through(
+        cluster.coordinator.port,
+        locks.clone(),
+        3,
+        stop.clone(),
+        "SELECT fence_token FROM lockext.lock_acquire($1, $2, '2 seconds')",
+        true,
+    );
+    thread::sleep(Duration::from_secs(3));
+    let failed_at = now_us();
+    worker.pg_ctl("stop -m immediate -w");
+    standby.pg_ctl("promote -w -t 60");
+    wait_for_primary(&standby, Duration::from_secs(60));
+    cluster
+        .connect()
+        .query_one(
+            "SELECT citus_update_node(nodeid, '127.0.0.1', $1) FROM pg_dist_node WHERE nodeport = $2",
+            &[&i32::from(standby.port), &i32::from(w1)],
+        )
+        .expect("the standby in worker 1's place");
+    let promoted_at = now_us();
+    thread::sleep(Duration::from_secs(5));
+    let (grants, failed) = stop_clients(&stop, clients);
+    let before = grants.iter().filter(|g| g.acked < failed_at).count();
+    let after = grants.iter().filter(|g| g.sent > promoted_at).count();
+    println!(
+        "citus failover: {before} grants before the failover, {after} after it, \
+         {failed} calls failed or refused"
+    );
+    checks.check(
+        before >= 20 && after >= 20,
+        format!("grants on both sides ({before}, {after})"),
+    );
+    let found = violations(&grants);
+    checks.check(
+        found.is_empty(),
+        format!(
+            "no token back, no two holders: {:?}",
+            &found[..found.len().min(5)]
+        ),
+    );
+    standby.pg_ctl("stop -m fast -w -t 60");
     checks.finish();
 }
 
