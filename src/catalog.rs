@@ -155,3 +155,10 @@ pub fn databases() -> Vec<Database> {
     }
     rows
 }
+
+/// Holds `relation` in ROW EXCLUSIVE mode (what its writers take) to the end of the
+/// transaction: DDL that takes a conflicting lock (Citus's create_distributed_table takes
+/// EXCLUSIVE) waits until then.
+pub fn hold_as_writer(relation: pg_sys::Oid) {
+    unsafe { pg_sys::LockRelationOid(relation, pg_sys::RowExclusiveLock as pg_sys::LOCKMODE) };
+}

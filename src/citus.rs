@@ -170,7 +170,7 @@ pub fn distributed() -> Result<bool, LockError> {
     // nothing.
     if let Some(locks) = locks {
         if !backend::in_recovery() {
-            unsafe { pg_sys::LockRelationOid(locks, pg_sys::RowExclusiveLock as pg_sys::LOCKMODE) };
+            catalog::hold_as_writer(locks);
         }
     }
     let distributed = Spi::connect_mut(|_| DISTRIBUTED.read_latest(Args::new()))
