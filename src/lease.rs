@@ -170,6 +170,16 @@ pub fn acquire_routed<R>(
     request: &Request<'_>,
     then: impl FnOnce(Option<Granted>) -> Result<R, LockError>,
 ) -> Result<R, LockError> {
+    if !request.wait.is_zero() && citus::distributed()? {
+        // A waiting call routes each try anew: below.
+        citus::refuse_in_transaction_block()?;
+        refuse_on_citus(request)?;
+        let granted = acquire_with(request, attempt_routed)?;
+        // On the lock id's shards again for `then` (the granting try's metadata lock is
+        // held to the end of the transaction; a refused call's is taken again here).
+        let _routed = citus::route_look(request.lock_id)?;
+        return then(granted);
+    }
     let routed = citus::route(request.lock_id)?;
     if routed.is_some() {
         refuse_on_citus(request)?;
@@ -182,16 +192,43 @@ pub fn acquire_routed<R>(
     then(granted)
 }
 
+/// One try of a waiting acquire on a Citus cluster: routed to the lock id's shard
+/// (`citus::route_look`) in a subtransaction that is kept only when the try grants, as a
+/// call without `wait` is (the ledger raised past the lock id's highest first, the token
+/// recorded as its highest). A try that does not grant is rolled back, which lets go of the
+/// shard's metadata lock: a waiting call holds up no move of its shard between its tries.
+/// Once the shard has moved away, the next try is refused with 40001 (the call leaves the
+/// queue; called again, Citus sends it to the shard's new node). The queue is the node's,
+/// as are the releases that wake it: every call of the lock id runs there.
+fn attempt_routed(
+    request: &Request<'_>,
+    params: &mut Params<'_>,
+    ticket: u64,
+) -> Result<Attempt, LockError> {
+    let mut tried = None;
+    let granted = crate::xact::all_or_nothing(|| {
+        let _routed = citus::route_look(request.lock_id)?;
+        citus::before_grant(request.lock_id)?;
+        match attempt(request, params, ticket)? {
+            Attempt::Granted(granted) => {
+                citus::after_grant(request.lock_id, granted.token)?;
+                Ok(Some(granted))
+            }
+            other => {
+                tried = Some(other);
+                Ok(None)
+            }
+        }
+    })?;
+    Ok(match granted {
+        Some(granted) => Attempt::Granted(granted),
+        None => tried.unwrap_or(Attempt::Busy),
+    })
+}
+
 /// What an acquire may not ask for on a Citus cluster (docs/citus.md says why).
 fn refuse_on_citus(request: &Request<'_>) -> Result<(), LockError> {
     let refused = |what, hint| Err(LockError::CitusUnsupported { what, hint });
-    if !request.wait.is_zero() {
-        return refused(
-            "lock_acquire does not wait",
-            "Call it again: a waiting call would hold its shard in place. To wait for the \
-             holder to change, lockext.lock_observe(lock_id), then call it again.",
-        );
-    }
     if request.attachments.keepalive.is_some() {
         return refused(
             "leases are not attached to keep-alives",
@@ -252,6 +289,15 @@ pub fn routed(lock_id: Option<Text<'_>>) -> Result<Option<citus::Routed>, LockEr
 /// stores; then the commit step (`commit::after_minting`, if the call minted a token),
 /// stats, the session hook, the wake-up of the next waiter and the event.
 pub fn acquire(request: &Request<'_>) -> Result<Option<Granted>, LockError> {
+    acquire_with(request, attempt)
+}
+
+/// A try of an acquire: `attempt`, or on a Citus cluster, when the call waits,
+/// `attempt_routed`.
+type Try = fn(&Request<'_>, &mut Params<'_>, u64) -> Result<Attempt, LockError>;
+
+/// `acquire`, each try made by `try_once`.
+fn acquire_with(request: &Request<'_>, try_once: Try) -> Result<Option<Granted>, LockError> {
     let _timer = stats::AcquireTimer::start();
     let mut params = Params {
         lock_id: request.lock_id,
@@ -266,9 +312,14 @@ pub fn acquire(request: &Request<'_>) -> Result<Option<Granted>, LockError> {
     };
     let minted_before = token::minted();
     let granted = if request.wait.is_zero() {
-        attempt(request, &mut params, 0).map(Attempt::granted)
+        try_once(request, &mut params, 0).map(Attempt::granted)
     } else {
-        wait_for(request, &mut params, Instant::now() + request.wait)
+        wait_for(
+            request,
+            &mut params,
+            Instant::now() + request.wait,
+            try_once,
+        )
     };
     // The commit step: a call that minted a token (granted, or a gap) commits durably, as
     // lockext.durability says; decided here, whatever the tries came to.
@@ -305,6 +356,7 @@ fn wait_for(
     request: &Request<'_>,
     params: &mut Params<'_>,
     deadline: Instant,
+    try_once: Try,
 ) -> Result<Option<Granted>, LockError> {
     let ticket = wait::Ticket::take(request.lock_id, request.kind.queue_window(request));
     let mut nap = Duration::ZERO;
@@ -312,7 +364,7 @@ fn wait_for(
         let mut free_in = None;
         if ticket.may_try() {
             params.now = backend::now()?;
-            match attempt(request, params, ticket.number())? {
+            match try_once(request, params, ticket.number())? {
                 Attempt::Granted(granted) => return Ok(Some(granted)),
                 Attempt::Refused(until_free) => free_in = until_free,
                 Attempt::Busy => {}

@@ -9,6 +9,8 @@
 //!   id refuses a paused holder after its shard moved; a leader's observer holds up no move.
 //! - `citus_tokens_rise_through_a_worker_failover`: a worker's synchronous standby promoted
 //!   in its place while clients contend.
+//! - `citus_waiting_in_order_and_through_a_move`: waiters in order, woken by releases, and
+//!   one waiting through a move of its shard.
 //! - `citus_extension_update_reaches_the_workers`: CREATE and ALTER EXTENSION on the
 //!   coordinator reach every worker.
 //! - `citus_tokens_rise_through_shard_moves_under_contention`: clients contend for lock ids
@@ -164,6 +166,20 @@ fn citus_leases_through_the_coordinator_and_the_workers() {
         Some(high) == tokens[0],
         format!("b's highest is recorded ({high})"),
     );
+    // lockext.holders on the coordinator: a query of every worker's shards.
+    let shown: Vec<(String, i64)> = c
+        .query(
+            "SELECT owner, fence_token FROM lockext.holders WHERE lock_id = 'b'",
+            &[],
+        )
+        .expect("lockext.holders through the coordinator")
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    checks.check(
+        tokens[0].is_some_and(|t| shown == [("me".to_string(), t)]),
+        format!("lockext.holders on the coordinator shows b's grant ({shown:?})"),
+    );
 
     // Refused on a distributed installation, with 0A000, changing nothing.
     let refused = |c: &mut Client, sql: &str| match c.batch_execute(sql) {
@@ -172,7 +188,6 @@ fn citus_leases_through_the_coordinator_and_the_workers() {
     };
     for sql in [
         "BEGIN; SELECT lockext.lock_acquire('c', 'me', '30 seconds'); COMMIT",
-        "SELECT lockext.lock_acquire('c', 'me', '30 seconds', wait => '1 second')",
         "SELECT lockext.lock_acquire('c', 'me', '30 seconds', session_bound => true)",
         "SELECT lockext.lock_acquire_all(ARRAY['c', 'd'], 'me', '30 seconds')",
         // A resource not bound to the lock of its own id.
@@ -837,6 +852,18 @@ fn citus_fencing_and_a_leader_through_a_move() {
         .expect("mallory's write")
         .get(0);
     checks.check(!forged, "mallory, with b's token: refused".into());
+    let checked: Vec<bool> = [a, b]
+        .iter()
+        .map(|t| {
+            m.query_one("SELECT lockext.lock_check($1, $2)", &[&lock, t])
+                .expect("lock_check by a member")
+                .get(0)
+        })
+        .collect();
+    checks.check(
+        checked == [false, true],
+        format!("lock_check by a member (mallory): a's grant ended, b's live ({checked:?})"),
+    );
     checks.check(
         read(&mut c, b) == Ok(r#"{"by": "b"}"#.into()),
         "the resource holds b's write".into(),
@@ -941,6 +968,118 @@ fn citus_extension_update_reaches_the_workers() {
     checks.check(
         new > old,
         format!("the first grant on the cluster is above the 0.3.0 one ({new} > {old})"),
+    );
+    checks.finish();
+}
+
+/// Waiting on the cluster (`wait`): the waiters of a lock id queue on its node, first come
+/// first served, and a release wakes the head; a waiter holds up no move of its shard (it
+/// lets go of the shard's metadata lock between its tries), hears 40001 once the shard has
+/// gone, and called again waits on the new node, where the release wakes it.
+#[test]
+fn citus_waiting_in_order_and_through_a_move() {
+    let mut checks = Checks::new("citus waiting");
+    let cluster = distributed(8);
+    let (w1, w2) = (cluster.workers[0].port, cluster.workers[1].port);
+    let mut found = locks_on(&cluster, w1, "queue-", 2);
+    let (moving, moving_shard) = found.remove(1);
+    let (lock, _) = found.remove(0);
+    let coordinator = cluster.coordinator.port;
+    let mut c = cluster.connect();
+    // A waiter through the coordinator: every answer (a token, or an error's SQLSTATE) until
+    // it is granted or refused with something else than 40001.
+    let waiter = |lock: String, owner: &'static str| {
+        thread::spawn(move || {
+            let mut w = Client::connect(
+                &format!("host=127.0.0.1 port={coordinator} user=postgres dbname=postgres"),
+                postgres::NoTls,
+            )
+            .expect("waiter connects");
+            let mut answers: Vec<Result<Option<i64>, String>> = Vec::new();
+            loop {
+                let answer = w
+                    .query_one(
+                        "SELECT fence_token FROM lockext.lock_acquire($1, $2, '30 seconds', \
+                         wait => '120 seconds')",
+                        &[&lock, &owner],
+                    )
+                    .map(|row| row.get::<_, Option<i64>>(0))
+                    .map_err(|e| sqlstate(&e));
+                let again = answer == Err("40001".into()) && answers.len() < 5;
+                answers.push(answer);
+                if !again {
+                    return answers;
+                }
+            }
+        })
+    };
+    // How many wait for `lock` on the node at `port` (lockext.waiters is each node's own).
+    let waiting = |port: u16, lock: &str, n: i64| {
+        let mut w = cluster.worker(port).connect();
+        eventually(
+            Duration::from_secs(30),
+            &format!("{n} waiting for {lock}"),
+            || {
+                let got: i64 = w
+                    .query_one(
+                        "SELECT count(*) FROM lockext.waiters WHERE lock_id = $1",
+                        &[&lock],
+                    )
+                    .ok()?
+                    .get(0);
+                (got == n).then_some(())
+            },
+        );
+    };
+
+    // In order: a holds; b, then c, wait; each release wakes the next.
+    let a = acquire(&mut c, &lock, "a")
+        .expect("a")
+        .expect("a is granted");
+    let b = waiter(lock.clone(), "b");
+    waiting(w1, &lock, 1);
+    let cw = waiter(lock.clone(), "c");
+    waiting(w1, &lock, 2);
+    c.query_one("SELECT lockext.lock_release($1, 'a')", &[&lock])
+        .expect("a releases");
+    let b = b.join().expect("b");
+    let b_token = match b.as_slice() {
+        [Ok(Some(t))] => *t,
+        other => panic!("b's answers: {other:?}"),
+    };
+    checks.check(
+        b_token > a,
+        format!("b, first in line, granted ({b_token} > {a})"),
+    );
+    c.query_one("SELECT lockext.lock_release($1, 'b')", &[&lock])
+        .expect("b releases");
+    let cw = cw.join().expect("c");
+    checks.check(
+        matches!(cw.as_slice(), [Ok(Some(t))] if *t > b_token),
+        format!("c, second in line, granted after b ({cw:?})"),
+    );
+
+    // Through a move: d holds; e waits on worker 1 while the shard moves to worker 2.
+    let d = acquire(&mut c, &moving, "d")
+        .expect("d")
+        .expect("d is granted");
+    let e = waiter(moving.clone(), "e");
+    waiting(w1, &moving, 1);
+    cluster.move_shard(moving_shard, w1, w2);
+    waiting(w2, &moving, 1);
+    c.query_one("SELECT lockext.lock_release($1, 'd')", &[&moving])
+        .expect("d releases, on worker 2");
+    let e = e.join().expect("e");
+    println!("citus waiting: e's answers {e:?}");
+    // Had e held the shard's metadata lock while it waited, the move would have waited for
+    // e's 120 seconds, and d's release after it: e's 40001 is the move ending under it.
+    checks.check(
+        e.len() == 2 && e[0] == Err("40001".into()),
+        format!("e held up no move: 40001 once the shard had gone ({e:?})"),
+    );
+    checks.check(
+        matches!(e.last(), Some(Ok(Some(t))) if *t > d),
+        format!("e, waiting again on worker 2, woken by d's release there, above d's {d}"),
     );
     checks.finish();
 }
