@@ -1,10 +1,10 @@
 //! lockext on a Citus cluster: the node a call runs on, the shards it uses there, and what
 //! keeps each lock id's tokens rising when its shard moves (docs/citus.md).
 //!
-//! `lockext.citus_distribute()` (sql/citus.sql) distributes the lease tables by lock id, in
-//! one colocation group, and has Citus delegate each per-lock function to the node that
-//! holds its lock id's shard. There the call is an ordinary lockext call, with two
-//! differences, both made here:
+//! `lockext.citus_distribute()` (sql/citus.sql) distributes the lease tables by lock id, and
+//! `lockext.resources` by resource id, in one colocation group, and has Citus delegate each
+//! per-lock function to the node that holds its lock id's shard. There the call is an
+//! ordinary lockext call, with two differences, both made here:
 //!
 //! - **Where it runs.** `route` holds the shard's metadata lock (ShareLock) to the end of
 //!   the transaction, then checks that the shard has a placement on this node. A shard move
@@ -15,7 +15,9 @@
 //!   anew. Never served from a copy left behind: the gate, the wait queue and the ledger
 //!   it would use are another node's. The statements of the call then name this node's
 //!   shards instead of the distributed tables (`statements::with_relations`): the same
-//!   plans, on local relations, with no distributed query inside a delegated call.
+//!   plans, on local relations, with no distributed query inside a delegated call. A call
+//!   that waits (`lock_observe`, `lock_acquire` with `wait`) routes each look or try anew
+//!   (`route_look`) in a subtransaction that lets go of the lock unless the try grants.
 //! - **Tokens.** Each node has its own ledger, so a lock id that moves to another node
 //!   would otherwise get tokens from a ledger that may be lower. Each grant records its
 //!   token as its lock id's highest (`lockext.lock_tokens`, colocated: it moves with the
@@ -23,7 +25,8 @@
 //!   an asynchronous commit acknowledged during its cut-over); before a grant, the node's
 //!   ledger is raised past that highest (`ledger::raise_past`). So every token of a lock id
 //!   is above every earlier one, wherever each was minted. Between lock ids there is no
-//!   order: a resource fenced by the tokens of several locks cannot be kept on Citus.
+//!   order: a resource is fenced only by the lock of its own id, whose rows are in its
+//!   shard (`require_own_lock`).
 //!
 //! What does not run on a distributed installation is refused with 0A000 (`refuse`).
 
