@@ -107,7 +107,7 @@ static LOCAL_SHARDS: Statement = Statement {
 pub fn on_each_local_shard<T>(
     mut f: impl FnMut() -> Result<T, LockError>,
 ) -> Result<Vec<T>, LockError> {
-    if !distributed()? {
+    if !distributed_for(Access::Write)? {
         return Ok(vec![f()?]);
     }
     let groups = Spi::connect_mut(|client| {
@@ -156,6 +156,27 @@ thread_local! {
 
 /// Whether lockext's lease tables are distributed by Citus in this database.
 pub fn distributed() -> Result<bool, LockError> {
+    distributed_for(Access::Read)
+}
+
+/// What a call does to lockext's tables, for `distributed_for` and `route`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    Read,
+    Write,
+}
+
+/// `distributed`, for a call that will `access` the tables. A writer on a database with
+/// Citus whose tables were not distributed when this backend last looked first holds
+/// lockext.locks in ROW EXCLUSIVE mode (what its statements take a moment later anyway) to
+/// the end of its transaction, which the EXCLUSIVE lock of create_distributed_table
+/// conflicts with: otherwise a writer that saw "no" while citus_distribute ran would run
+/// its statements, planned anew, on the table just distributed, as distributed queries (a
+/// coordinator's reaper round failed so in the tests). A reader takes nothing more than its
+/// statements' ACCESS SHARE: its read, whichever table it meets, changes nothing. (On a
+/// worker the hold guards nothing: citus_distribute does not lock the workers' own tables,
+/// docs/citus.md.) A standby takes no such lock, and distributes nothing.
+pub fn distributed_for(access: Access) -> Result<bool, LockError> {
     let locks = catalog::lockext_relation(c"locks");
     if locks.is_some() && DISTRIBUTED_SEEN.with(|d| d.get()) == locks {
         return Ok(true);
@@ -163,15 +184,7 @@ pub fn distributed() -> Result<bool, LockError> {
     if !catalog::has_catalog_relation(c"pg_dist_partition") {
         return Ok(false);
     }
-    // Citus is here, and the tables were not distributed when this backend last looked. The
-    // answer must hold until the caller's statements have run: lockext.locks is held in ROW
-    // EXCLUSIVE mode (what its writers take anyway) to the end of the transaction, which the
-    // EXCLUSIVE lock of create_distributed_table conflicts with. Without it, a call (or the
-    // reaper's round) that saw "no" while citus_distribute ran would run its statements,
-    // planned anew, on the table just distributed: a distributed query, unguarded (the
-    // reaper's round failed so in the tests). A standby takes no such lock, and distributes
-    // nothing.
-    if let Some(locks) = locks {
+    if let (Some(locks), Access::Write) = (locks, access) {
         if !backend::in_recovery() {
             catalog::hold_as_writer(locks);
         }
@@ -197,9 +210,9 @@ pub struct Routed {
 /// move loses asynchronous commits acknowledged during its cut-over, and moves are routine,
 /// not crashes (a release lost there let its owner's next acquire get the same grant back,
 /// after it had heard "released").
-pub fn route(lock_id: Text<'_>) -> Result<Option<Routed>, LockError> {
+pub fn route(lock_id: Text<'_>, access: Access) -> Result<Option<Routed>, LockError> {
     refuse_in_transaction_block()?;
-    route_look(lock_id)
+    route_look(lock_id, access)
 }
 
 /// Refuses a call inside a transaction block on a distributed installation (why: below).
@@ -225,8 +238,8 @@ pub fn refuse_in_transaction_block() -> Result<(), LockError> {
 /// rolled back (and so is seen as a transaction block), which releases the shard's
 /// metadata lock, so that a waiting call holds up no move of its shard for longer than a
 /// look.
-pub fn route_look(lock_id: Text<'_>) -> Result<Option<Routed>, LockError> {
-    if !distributed()? {
+pub fn route_look(lock_id: Text<'_>, access: Access) -> Result<Option<Routed>, LockError> {
+    if !distributed_for(access)? {
         return Ok(None);
     }
     let relations = Spi::connect_mut(|client| {
@@ -250,7 +263,7 @@ pub fn route_look(lock_id: Text<'_>) -> Result<Option<Routed>, LockError> {
             // Otherwise Citus did not delegate it (on the coordinator, or a CTE or a
             // subquery on a worker), and would not if it were called again.
             let internal = after.as_ref().and_then(|r| r.get::<bool>("internal")) == Some(true);
-            if !(here(&before) || internal) {
+            if !(here(&before) || internal || served_here(shard)) {
                 return Err(LockError::CitusUnsupported {
                     what: "lockext's functions run on the node of their lock id",
                     hint: "Call the function alone (SELECT lockext.lock_acquire(...), not in \
@@ -262,12 +275,27 @@ pub fn route_look(lock_id: Text<'_>) -> Result<Option<Routed>, LockError> {
                 shard,
             });
         }
+        SERVED.with(|s| s.set(Some((backend::local_transaction(), shard))));
         Ok(relations)
     })?;
     commit::require_flush();
     Ok(Some(Routed {
         _relations: statements::with_relations(relations),
     }))
+}
+
+thread_local! {
+    // The shard the current transaction last found on this node (by local transaction id):
+    // a call that waits (an observer's look, a waiting acquire's try) and finds it gone at a
+    // later look was routed here, whichever way it came, and is told to call again (40001),
+    // not that Citus did not delegate it.
+    static SERVED: std::cell::Cell<Option<(pg_sys::LocalTransactionId, i64)>> =
+        const { std::cell::Cell::new(None) };
+}
+
+/// Whether the current transaction found `shard` on this node before (`SERVED`).
+fn served_here(shard: i64) -> bool {
+    SERVED.with(|s| s.get()) == Some((backend::local_transaction(), shard))
 }
 
 thread_local! {

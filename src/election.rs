@@ -37,7 +37,7 @@ use pgrx::spi::SpiClient;
 
 use crate::backend;
 use crate::caller;
-use crate::citus;
+use crate::citus::{self, Access};
 use crate::error::{self, LockError, OrReport};
 use crate::kind::Request;
 use crate::lease;
@@ -152,7 +152,7 @@ fn set_lease_value(
 ) -> Option<i64> {
     caller::as_member(|| {
         let lock_id = error::identifier("lock_id", lock_id)?;
-        let _routed = citus::route(lock_id)?;
+        let _routed = citus::route(lock_id, Access::Write)?;
         let owner = error::identifier("owner", owner)?;
         let fence_token = error::token("fence_token", fence_token)?;
         let value = valid_value(value)?;
@@ -189,7 +189,7 @@ fn lock_holders(
 > {
     let holders = caller::as_member(|| {
         let lock_id = error::identifier("lock_id", lock_id)?;
-        let _routed = citus::route(lock_id)?;
+        let _routed = citus::route(lock_id, Access::Read)?;
         let now = backend::now()?;
         Spi::connect_mut(|client| read_holders(client, lock_id, now, None, true))
     })
@@ -379,7 +379,7 @@ fn observe(
         // Citus cluster its shard's metadata lock too (routed at each look, so that an
         // observer never holds up a move of its shard for longer than one look).
         xact::all_or_nothing(|| {
-            let _routed = citus::route_look(lock_id)?;
+            let _routed = citus::route_look(lock_id, Access::Read)?;
             seen = Some(Spi::connect_mut(|client| {
                 let leader = read_holders(client, lock_id, now, Some(1), false)?;
                 Ok::<_, LockError>(Holder::state(leader.first()))
@@ -393,7 +393,7 @@ fn observe(
         wait::nap(deadline, OBSERVE_NAP);
     }
     let now = backend::now()?;
-    let _routed = citus::route(lock_id)?;
+    let _routed = citus::route(lock_id, Access::Read)?;
     let leader = Spi::connect_mut(|client| read_holders(client, lock_id, now, Some(1), true))?
         .into_iter()
         .next();

@@ -28,7 +28,7 @@ use pgrx::spi::{SpiClient, SpiTupleTable};
 
 use crate::backend;
 use crate::caller;
-use crate::citus;
+use crate::citus::{self, Access};
 use crate::claims;
 use crate::commit;
 use crate::error::{self, LockError, OrReport};
@@ -170,17 +170,17 @@ pub fn acquire_routed<R>(
     request: &Request<'_>,
     then: impl FnOnce(Option<Granted>) -> Result<R, LockError>,
 ) -> Result<R, LockError> {
-    if !request.wait.is_zero() && citus::distributed()? {
+    if !request.wait.is_zero() && citus::distributed_for(Access::Write)? {
         // A waiting call routes each try anew: below.
         citus::refuse_in_transaction_block()?;
         refuse_on_citus(request)?;
         let granted = acquire_with(request, attempt_routed)?;
         // On the lock id's shards again for `then` (the granting try's metadata lock is
         // held to the end of the transaction; a refused call's is taken again here).
-        let _routed = citus::route_look(request.lock_id)?;
+        let _routed = citus::route_look(request.lock_id, Access::Write)?;
         return then(granted);
     }
-    let routed = citus::route(request.lock_id)?;
+    let routed = citus::route(request.lock_id, Access::Write)?;
     if routed.is_some() {
         refuse_on_citus(request)?;
         citus::before_grant(request.lock_id)?;
@@ -207,7 +207,7 @@ fn attempt_routed(
 ) -> Result<Attempt, LockError> {
     let mut tried = None;
     let granted = crate::xact::all_or_nothing(|| {
-        let _routed = citus::route_look(request.lock_id)?;
+        let _routed = citus::route_look(request.lock_id, Access::Write)?;
         citus::before_grant(request.lock_id)?;
         match attempt(request, params, ticket)? {
             Attempt::Granted(granted) => {
@@ -281,7 +281,7 @@ fn lock_release_0_3(
 /// checked first, so that bad input gets its own SQLSTATE on any node.
 pub fn routed(lock_id: Option<Text<'_>>) -> Result<Option<citus::Routed>, LockError> {
     let lock_id = error::identifier("lock_id", lock_id)?;
-    citus::route(lock_id)
+    citus::route(lock_id, Access::Write)
 }
 
 /// The route of an acquire, one way through: validated (`Request`, by the caller), queued

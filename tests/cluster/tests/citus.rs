@@ -986,12 +986,13 @@ fn citus_waiting_in_order_and_through_a_move() {
     let (lock, _) = found.remove(0);
     let coordinator = cluster.coordinator.port;
     let mut c = cluster.connect();
-    // A waiter through the coordinator: every answer (a token, or an error's SQLSTATE) until
-    // it is granted or refused with something else than 40001.
-    let waiter = |lock: String, owner: &'static str| {
+    // A waiter through the node at `port` (the coordinator, or straight to a worker): every
+    // answer (a token, or an error's SQLSTATE) until it is granted or refused with something
+    // else than 40001.
+    let waiter_at = |port: u16, lock: String, owner: &'static str| {
         thread::spawn(move || {
             let mut w = Client::connect(
-                &format!("host=127.0.0.1 port={coordinator} user=postgres dbname=postgres"),
+                &format!("host=127.0.0.1 port={port} user=postgres dbname=postgres"),
                 postgres::NoTls,
             )
             .expect("waiter connects");
@@ -1013,6 +1014,7 @@ fn citus_waiting_in_order_and_through_a_move() {
             }
         })
     };
+    let waiter = |lock: String, owner: &'static str| waiter_at(coordinator, lock, owner);
     // How many wait for `lock` on the node at `port` (lockext.waiters is each node's own).
     let waiting = |port: u16, lock: &str, n: i64| {
         let mut w = cluster.worker(port).connect();
@@ -1059,28 +1061,43 @@ fn citus_waiting_in_order_and_through_a_move() {
         format!("c, second in line, granted after b ({cw:?})"),
     );
 
-    // Through a move: d holds; e waits on worker 1 while the shard moves to worker 2.
+    // Through a move: d holds; e (through the coordinator) and f (connected straight to
+    // worker 1) wait on worker 1 while the shard moves to worker 2.
     let d = acquire(&mut c, &moving, "d")
         .expect("d")
         .expect("d is granted");
     let e = waiter(moving.clone(), "e");
-    waiting(w1, &moving, 1);
+    let f = waiter_at(w1, moving.clone(), "f");
+    waiting(w1, &moving, 2);
     cluster.move_shard(moving_shard, w1, w2);
-    waiting(w2, &moving, 1);
+    waiting(w2, &moving, 2);
     c.query_one("SELECT lockext.lock_release($1, 'd')", &[&moving])
         .expect("d releases, on worker 2");
-    let e = e.join().expect("e");
-    println!("citus waiting: e's answers {e:?}");
-    // Had e held the shard's metadata lock while it waited, the move would have waited for
-    // e's 120 seconds, and d's release after it: e's 40001 is the move ending under it.
-    checks.check(
-        e.len() == 2 && e[0] == Err("40001".into()),
-        format!("e held up no move: 40001 once the shard had gone ({e:?})"),
-    );
-    checks.check(
-        matches!(e.last(), Some(Ok(Some(t))) if *t > d),
-        format!("e, waiting again on worker 2, woken by d's release there, above d's {d}"),
-    );
+    // One of them is granted at d's release; its release grants the other.
+    let first: String = eventually(Duration::from_secs(30), "e or f granted", || {
+        c.query_opt(
+            "SELECT owner FROM lockext.locks WHERE lock_id = $1",
+            &[&moving],
+        )
+        .ok()?
+        .map(|row| row.get(0))
+    });
+    c.query_one("SELECT lockext.lock_release($1, $2)", &[&moving, &first])
+        .expect("the first of e and f releases");
+    for (name, answers) in [("e", e.join().expect("e")), ("f", f.join().expect("f"))] {
+        println!("citus waiting: {name}'s answers {answers:?}");
+        // Had a waiter held the shard's metadata lock while it waited, the move would have
+        // waited for its 120 seconds, and d's release after it: its 40001 is the move ending
+        // under it (a waiter connected straight to the worker too: it was served there).
+        checks.check(
+            answers.len() == 2 && answers[0] == Err("40001".into()),
+            format!("{name} held up no move: 40001 once the shard had gone ({answers:?})"),
+        );
+        checks.check(
+            matches!(answers.last(), Some(Ok(Some(t))) if *t > d),
+            format!("{name}, waiting again on worker 2, granted there, above d's {d}"),
+        );
+    }
     checks.finish();
 }
 
