@@ -11,7 +11,7 @@ from psycopg.types.json import Jsonb
 
 from ._common import (
     ACQUIRE, DECLARE, FENCE, FENCED_UPDATE, RELEASE, RENEW,
-    GrantBase, NotAcquired, StaleToken,
+    GrantBase, NotAcquired, StaleToken, alone_on,
     conninfo_of, connect_kwargs, flag, identifier, interval, mapped_errors, mode_of, owner_of,
     permits_of, renew_every_of,
 )
@@ -142,9 +142,13 @@ class AsyncGrant(GrantBase):
 async def afenced_update(conn, resource_id: str, token: int, data) -> None:
     """lockext.fenced_update() on a psycopg AsyncConnection."""
     with mapped_errors():
-        async with conn.transaction():
+        if alone_on(conn):  # as fenced_update: the call alone, in autocommit
             cur = await conn.execute(FENCED_UPDATE, (resource_id, token, Jsonb(data)), prepare=False)
             ok = (await cur.fetchone())[0]
+        else:
+            async with conn.transaction():
+                cur = await conn.execute(FENCED_UPDATE, (resource_id, token, Jsonb(data)), prepare=False)
+                ok = (await cur.fetchone())[0]
     if not ok:
         raise StaleToken(f"fenced_update of {resource_id!r} refused token {token}: a newer holder has written", "55L01")
 

@@ -343,3 +343,9 @@ def renew_every_of(ttl: datetime.timedelta, renew_every) -> float:
     if every >= ttl:
         raise InvalidArgument(f"renew_every ({every}) must be shorter than the ttl ({ttl})")
     return every.total_seconds()
+
+
+def alone_on(conn) -> bool:
+    """Whether a statement on `conn` runs alone, as a transaction of its own: an autocommit
+    connection with no transaction open (what a Citus cluster requires of lockext's calls)."""
+    return conn.autocommit and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE

@@ -12,7 +12,7 @@ from psycopg.types.json import Jsonb
 from ._common import (
     ACQUIRE, ACQUIRE_ALL_ATTACHED, ACQUIRE_ATTACHED, CAMPAIGN, DECLARE, FENCE, FENCED_UPDATE, HOLDERS, KEEPALIVE_GRANT,
     KEEPALIVE_NOT_LIVE, KEEPALIVE_RENEW, KEEPALIVE_REVOKE, OBSERVE, RELEASE, RENEW, SET_VALUE,
-    GrantBase, Holder, InvalidArgument, LeaseClock, LeaseLost, NotAcquired, Observed, StaleToken,
+    GrantBase, Holder, InvalidArgument, LeaseClock, alone_on, LeaseLost, NotAcquired, Observed, StaleToken,
     conninfo_of, connect_kwargs, flag, identifier, interval, token_of, lock_ids_of, mapped_errors, mode_of,
     owner_of, permits_of, renew_every_of,
 )
@@ -310,10 +310,13 @@ class Grant(_Renewer, GrantBase):
 
 def fenced_update(conn, resource_id: str, token: int, data) -> None:
     """Stores `data` (anything JSON) for `resource_id` if `token` is the newest seen there,
-    else raises StaleToken. In its own transaction, or a savepoint of the one open on conn."""
+    else raises StaleToken. In its own transaction, or a savepoint of the one open on conn.
+    On an autocommit connection with no transaction open, the call alone (a transaction of
+    its own too): on a Citus cluster, lockext serves a call only so."""
     identifier(resource_id, "resource_id")
     token_of(token)
-    with mapped_errors(), conn.transaction():
+    own = contextlib.nullcontext() if alone_on(conn) else conn.transaction()
+    with mapped_errors(), own:
         ok = conn.execute(FENCED_UPDATE, (resource_id, token, Jsonb(data)), prepare=False).fetchone()[0]
     if not ok:
         raise StaleToken(f"fenced_update of {resource_id!r} refused token {token}: a newer holder has written", "55L01")
