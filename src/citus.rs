@@ -39,7 +39,7 @@ use pgrx::spi::SpiClient;
 use crate::backend;
 use crate::catalog;
 use crate::commit;
-use crate::error::LockError;
+use crate::error::{self, LockError};
 use crate::ledger;
 use crate::statements::{self, first_named, Args, LatestRow, RelationsInForce, Statement};
 use crate::text::Text;
@@ -213,6 +213,16 @@ pub struct Routed {
 pub fn route(lock_id: Text<'_>, access: Access) -> Result<Option<Routed>, LockError> {
     refuse_in_transaction_block()?;
     route_look(lock_id, access)
+}
+
+/// `route` for the call's argument `arg` (a lock id, or a resource id: the shard of the lock
+/// of its own id), checked first, so that bad input gets its own SQLSTATE on any node.
+pub fn route_arg(
+    arg: &'static str,
+    id: Option<Text<'_>>,
+    access: Access,
+) -> Result<Option<Routed>, LockError> {
+    route(error::identifier(arg, id)?, access)
 }
 
 /// Refuses a call inside a transaction block on a distributed installation (why: below).

@@ -35,26 +35,23 @@ use crate::xact;
 // file's header).
 static ADVANCE: Statement = Statement {
     sql: include_str!("../sql/run/fence/advance.sql"),
-    params: &[
-        ("resource_id", TEXTOID),
-        ("fence_token", INT8OID),
-        ("data", JSONBOID),
-        ("replace", BOOLOID),
-        ("role", OIDOID),
-    ],
+    params: ADVANCE_PARAMS,
 };
+
+/// The parameters of both fenced writes (ADVANCE, ADVANCE_OWN_LOCK), in their order.
+const ADVANCE_PARAMS: &[(&str, pg_sys::PgBuiltInOids)] = &[
+    ("resource_id", TEXTOID),
+    ("fence_token", INT8OID),
+    ("data", JSONBOID),
+    ("replace", BOOLOID),
+    ("role", OIDOID),
+];
 
 // The same, on a Citus cluster, for a resource bound to the lock of its own id (why an
 // UPDATE: the file's header).
 static ADVANCE_OWN_LOCK: Statement = Statement {
     sql: include_str!("../sql/run/fence/advance_own_lock.sql"),
-    params: &[
-        ("resource_id", TEXTOID),
-        ("fence_token", INT8OID),
-        ("data", JSONBOID),
-        ("replace", BOOLOID),
-        ("role", OIDOID),
-    ],
+    params: ADVANCE_PARAMS,
 };
 
 static BIND: Statement = Statement {
@@ -107,7 +104,7 @@ fn fenced_update_0_3(
     data: Option<Jsonb>,
 ) -> bool {
     caller::as_member(|| {
-        let routed = routed("resource_id", resource_id, Access::Write)?;
+        let routed = citus::route_arg("resource_id", resource_id, Access::Write)?;
         fenced_write(resource_id, fence_token, data, Scope::of(&routed))
     })
     .or_report()
@@ -135,7 +132,7 @@ fn fence_advance_0_3(resource_id: Option<Text<'_>>, fence_token: Option<i64>) ->
 #[search_path(pg_catalog, pg_temp)]
 fn fence_read_check(resource_id: Option<Text<'_>>, fence_token: Option<i64>) -> Option<TextBuf> {
     caller::as_member(|| {
-        let routed = routed("resource_id", resource_id, Access::Read)?;
+        let routed = citus::route_arg("resource_id", resource_id, Access::Read)?;
         read_check(resource_id, fence_token, Scope::of(&routed))
     })
     .or_report()
@@ -1034,7 +1031,7 @@ fn lock_check_0_3(lock_id: Option<Text<'_>>, fence_token: Option<i64>) -> bool {
     // As the tables' owner, as every routed call: on a Citus cluster, routing takes the
     // shard's metadata lock, which Citus grants only to the table's owner.
     caller::as_member(|| {
-        let _routed = routed("lock_id", lock_id, Access::Read)?;
+        let _routed = citus::route_arg("lock_id", lock_id, Access::Read)?;
         lease_is_live(lock_id, fence_token)
     })
     .or_report()
@@ -1053,7 +1050,7 @@ fn bind_resource(resource_id: Option<Text<'_>>, lock_id: Option<Text<'_>>) {
     })
     .and_then(|()| {
         caller::as_owner(|| {
-            let routed = routed("resource_id", resource_id, Access::Write)?;
+            let routed = citus::route_arg("resource_id", resource_id, Access::Write)?;
             bind(resource_id, lock_id, Scope::of(&routed))
         })
     })
@@ -1089,17 +1086,6 @@ impl Scope {
             Scope::Server
         }
     }
-}
-
-/// A fencing call's route on a Citus cluster (`citus::route`, by the resource id or the lock
-/// id: the same shard for a resource bound to the lock of its own id); its argument is
-/// checked first, so that bad input gets its own SQLSTATE on any node.
-fn routed(
-    arg: &'static str,
-    id: Option<Text<'_>>,
-    access: Access,
-) -> Result<Option<citus::Routed>, LockError> {
-    citus::route(error::identifier(arg, id)?, access)
 }
 
 fn fence_only(

@@ -255,7 +255,7 @@ fn lock_renew_0_3(
     fence_token: default!(Option<i64>, "NULL"),
 ) -> Option<TimestampWithTimeZone> {
     caller::as_member(|| {
-        let _routed = routed(lock_id)?;
+        let _routed = citus::route_arg("lock_id", lock_id, Access::Write)?;
         renew(lock_id, owner, ttl, fence_token)
     })
     .or_report()
@@ -271,17 +271,10 @@ fn lock_release_0_3(
     fence_token: default!(Option<i64>, "NULL"),
 ) -> bool {
     caller::as_member(|| {
-        let _routed = routed(lock_id)?;
+        let _routed = citus::route_arg("lock_id", lock_id, Access::Write)?;
         release(lock_id, owner, fence_token)
     })
     .or_report()
-}
-
-/// A renewal's or a release's route on a Citus cluster (`citus::route`); its arguments are
-/// checked first, so that bad input gets its own SQLSTATE on any node.
-pub fn routed(lock_id: Option<Text<'_>>) -> Result<Option<citus::Routed>, LockError> {
-    let lock_id = error::identifier("lock_id", lock_id)?;
-    citus::route(lock_id, Access::Write)
 }
 
 /// The route of an acquire, one way through: validated (`Request`, by the caller), queued
