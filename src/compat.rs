@@ -448,14 +448,20 @@ fn release(
     } else {
         wait::wake_head_at_commit(lock_id);
     }
-    let released = matches!(deleted, Some((true, _)));
+    let released = deleted.is_some_and(|ended| ended.live);
     stats::count(if released {
         Counter::ReleasesOk
     } else {
         Counter::ReleasesFailed
     });
     // 0.2.0 announced releases (lockext.notify); 0.1.0 had no events.
-    if let (Older::V0_2, Some((true, token))) = (version, deleted) {
+    if let (
+        Older::V0_2,
+        Some(lease::Ended {
+            live: true, token, ..
+        }),
+    ) = (version, deleted)
+    {
         lease::notify("released", lock_id, token, None)?;
     }
     Ok(released)

@@ -31,14 +31,21 @@ use crate::text::{Jsonb, Text, TextBuf};
 use crate::token;
 use crate::xact;
 
-// The check and the write are one statement (why, and what a bound resource demands: the
-// file's header).
-static ADVANCE: Statement = Statement {
-    sql: include_str!("../sql/run/fence/advance.sql"),
-    params: ADVANCE_PARAMS,
-};
+// A fenced write: the check and the write are one statement (why, and what a bound
+// resource demands: advance.sql's header), an UPDATE of the resource's row first, then,
+// when that changed nothing, the upsert that stores a resource's first write or refuses.
+static WRITE: [Statement; 2] = [
+    Statement {
+        sql: include_str!("../sql/run/fence/update_mark.sql"),
+        params: ADVANCE_PARAMS,
+    },
+    Statement {
+        sql: include_str!("../sql/run/fence/advance.sql"),
+        params: ADVANCE_PARAMS,
+    },
+];
 
-/// The parameters of both fenced writes (ADVANCE, ADVANCE_OWN_LOCK), in their order.
+/// The parameters of every fenced write (WRITE, WRITE_OWN_LOCK), in their order.
 const ADVANCE_PARAMS: &[(&str, pg_sys::PgBuiltInOids)] = &[
     ("resource_id", TEXTOID),
     ("fence_token", INT8OID),
@@ -48,11 +55,11 @@ const ADVANCE_PARAMS: &[(&str, pg_sys::PgBuiltInOids)] = &[
 ];
 
 // The same, on a Citus cluster, for a resource bound to the lock of its own id (why an
-// UPDATE: the file's header).
-static ADVANCE_OWN_LOCK: Statement = Statement {
+// UPDATE only: the file's header).
+static WRITE_OWN_LOCK: [Statement; 1] = [Statement {
     sql: include_str!("../sql/run/fence/advance_own_lock.sql"),
     params: ADVANCE_PARAMS,
-};
+}];
 
 static BIND: Statement = Statement {
     sql: include_str!("../sql/run/fence/bind.sql"),
@@ -1007,8 +1014,8 @@ fn check_token_0_3(fence_token: Option<i64>) {
 }
 
 /// True while the grant with `fence_token` of `lock_id` is its live exclusive lease, by the
-/// server's clock and the newest snapshot; a bound resource's writes check it (ADVANCE)
-/// once they hold the resource's row. Not granted to anyone: lockext's own.
+/// server's clock and the newest snapshot; a bound resource's writes check it (WRITE),
+/// and again on the row a writer before them left. Not granted to anyone: lockext's own.
 #[pg_extern(volatile, parallel_unsafe)]
 #[search_path(pg_catalog, pg_temp)]
 fn exclusive_grant_live(lock_id: Text<'_>, fence_token: i64, holder_role: pg_sys::Oid) -> bool {
@@ -1039,7 +1046,7 @@ fn lock_check_0_3(lock_id: Option<Text<'_>>, fence_token: Option<i64>) -> bool {
 
 /// Binds `resource_id` to the lock that guards it, `lock_id` (NULL: unbinds it): from then
 /// on the resource accepts only that lock's live exclusive grant, presented by the role
-/// that took it (`ADVANCE`). An operator's decision, so `lockext_admin`'s only; the caller
+/// that took it (`WRITE`). An operator's decision, so `lockext_admin`'s only; the caller
 /// is checked before the function becomes the tables' owner, which SECURITY DEFINER would
 /// not allow.
 #[pg_extern(volatile, parallel_unsafe)]
@@ -1147,33 +1154,41 @@ fn advance(
     let accepted = Spi::connect_mut(|client| {
         // On a Citus cluster the node's ledger says nothing of a lock whose shard moved in:
         // the live grant the bound resource demands is the check.
-        let statement = match scope {
+        let statements: &[Statement] = match scope {
             Scope::Server => {
                 token::require_issued(client, fence_token)?;
-                &ADVANCE
+                &WRITE
             }
             Scope::Shard => {
                 let rows =
                     RESOURCE_LOCK.run(client, Args::new().set("resource_id", resource_id))?;
                 let bound = first_named::<TextBuf>(rows, "lock_id")?;
                 citus::require_own_lock(resource_id, bound.as_ref().map(TextBuf::as_text))?;
-                &ADVANCE_OWN_LOCK
+                &WRITE_OWN_LOCK
             }
         };
         let replace = data.is_some();
-        let args = Args::new()
-            .set("resource_id", resource_id)
-            .set("fence_token", fence_token)
-            .set("data", data)
-            .set("replace", replace)
-            .set("role", caller::role());
-        // A refused upsert still holds the resource's row (ON CONFLICT locks it before its
-        // WHERE says no): undone, so that a refused writer whose transaction stays open
+        let args = || {
+            Args::new()
+                .set("resource_id", resource_id)
+                .set("fence_token", fence_token)
+                .set("data", data)
+                .set("replace", replace)
+                .set("role", caller::role())
+        };
+        // A refused write may still hold the resource's row (ON CONFLICT locks it before its
+        // WHERE says no; an UPDATE that waited for it keeps the lock of the row whose recheck
+        // said no): undone, so that a refused writer whose transaction stays open
         // (fenced_update answers false, it raises nothing) holds up no one.
-        Ok::<_, LockError>(
-            xact::kept_if_found(|| Ok((!statement.run(client, args)?.is_empty()).then_some(())))?
-                .is_some(),
-        )
+        for statement in statements {
+            let stored = xact::kept_if_found(|| {
+                Ok((!statement.run(client, args())?.is_empty()).then_some(()))
+            })?;
+            if stored.is_some() {
+                return Ok::<_, LockError>(true);
+            }
+        }
+        Ok(false)
     })?;
     if !accepted {
         stats::count(Counter::FenceStale);

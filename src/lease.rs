@@ -110,6 +110,12 @@ static RELEASE: [Statement; 2] = [
     },
 ];
 
+// Run after a release whose row said `has_values`. $1 lock_id, $2 the ended grant's token.
+static END_VALUES: Statement = Statement {
+    sql: include_str!("../sql/run/lease/end_values.sql"),
+    params: &[("lock_id", TEXTOID), ("fence_token", INT8OID)],
+};
+
 static NOTIFY: Statement = Statement {
     sql: include_str!("../sql/run/lease/notify.sql"),
     params: &[
@@ -568,20 +574,36 @@ pub fn release_valid(
     };
     let only_leases = commit::only_leases_so_far();
     let deleted = xact::while_briefly_locked(
-        || Spi::connect_mut(|client| first_found(client, &RELEASE, || held.args(), released)),
+        || {
+            Spi::connect_mut(|client| {
+                let ended = first_found(client, &RELEASE, || held.args(), released)?;
+                if let Some(ended) = ended.filter(|ended| ended.has_values) {
+                    END_VALUES.run(
+                        client,
+                        Args::with_capacity(2)
+                            .set("lock_id", lock_id)
+                            .set("fence_token", ended.token),
+                    )?;
+                }
+                Ok(ended)
+            })
+        },
         || still_held(&held),
     )?;
     commit::relax_if_only_leases(only_leases);
     if deleted.is_some() {
         wait::wake_head_at_commit(lock_id);
     }
-    let released = matches!(deleted, Some((true, _)));
+    let released = deleted.is_some_and(|ended| ended.live);
     stats::count(if released {
         Counter::ReleasesOk
     } else {
         Counter::ReleasesFailed
     });
-    if let Some((true, token)) = deleted {
+    if let Some(Ended {
+        live: true, token, ..
+    }) = deleted
+    {
         notify("released", lock_id, token, None)?;
     }
     Ok(released)
@@ -632,16 +654,32 @@ pub fn renewed(rows: SpiTupleTable<'_>) -> Result<Option<TimestampWithTimeZone>,
     Ok(expires_at)
 }
 
-/// A release's row: whether the lease was still live, and its token.
-pub fn released(rows: SpiTupleTable<'_>) -> Result<Option<(bool, i64)>, LockError> {
+/// What a release ended: a lease, live or not, and whether its grant has values to delete.
+#[derive(Clone, Copy)]
+pub struct Ended {
+    /// The lease was still live: the caller held the lock until this release.
+    pub live: bool,
+    pub token: i64,
+    /// The grant has values (`END_VALUES` deletes them); older versions' statements
+    /// (compat.rs) delete them themselves and have no such column.
+    pub has_values: bool,
+}
+
+/// A release's row.
+pub fn released(rows: SpiTupleTable<'_>) -> Result<Option<Ended>, LockError> {
     if rows.is_empty() {
         return Ok(None);
     }
     let row = rows.first();
-    Ok(Some((
-        row.get_by_name::<bool, _>("live")?.unwrap_or(false),
-        row.get_by_name::<i64, _>("fence_token")?.unwrap_or(0),
-    )))
+    Ok(Some(Ended {
+        live: row.get_by_name::<bool, _>("live")?.unwrap_or(false),
+        token: row.get_by_name::<i64, _>("fence_token")?.unwrap_or(0),
+        has_values: row
+            .get_by_name::<bool, _>("has_values")
+            .ok()
+            .flatten()
+            .unwrap_or(false),
+    }))
 }
 
 // Read under the newest snapshot (`read_latest`). Parameters as RELEASE's (`Held`).

@@ -2,9 +2,10 @@
 //! still in its lock-delay keeps its value through the reaper's rounds (a renewal that read
 //! the clock before the expiry may still renew it, and its holder, still the leader, must
 //! not find its value gone), and the value goes once the lease itself is reaped.
-//! Whatever ends a lease takes its value with it, in the same statement (a release, a
-//! take-over, a dead lease cleared before a grant, a keep-alive's revoke, a session's
-//! exit, the reaper's rounds): no value is left for the reaper's sweep to find.
+//! Whatever ends a lease takes its value with it, in the same statement (a take-over, a
+//! dead lease cleared before a grant, a keep-alive's revoke, a session's exit, the reaper's
+//! rounds) or, for a release, in the same transaction (a second statement, run only when
+//! the released grant has values): no value is left for the reaper's sweep to find.
 
 use lockext_cluster_tests::*;
 use std::time::Duration;
