@@ -110,6 +110,27 @@ fn citus_leases_through_the_coordinator_and_the_workers() {
         format!("the next grant of a is above the last ({t2} > {t1})"),
     );
 
+    // A leader's value goes with its release, on the worker of its shard (the release's
+    // second statement, on the shard of the values).
+    c.batch_execute("SELECT lockext.lock_campaign('chair', 'me', '30 seconds', '{\"at\": 1}')")
+        .expect("campaign");
+    let values = |c: &mut Client| -> i64 {
+        c.query_one(
+            "SELECT count(*) FROM lockext.lease_values WHERE lock_id = 'chair'",
+            &[],
+        )
+        .expect("values of chair")
+        .get(0)
+    };
+    let before = values(&mut c);
+    c.batch_execute("SELECT lockext.lock_release('chair', 'me')")
+        .expect("release");
+    let after = values(&mut c);
+    checks.check(
+        (before, after) == (1, 0),
+        format!("the released leader's value is gone (values before, after: {before}, {after})"),
+    );
+
     // Shared leases side by side, and a semaphore's permits, through the coordinator.
     let shared: Vec<Option<i64>> = ["r1", "r2"]
         .iter()
