@@ -1,7 +1,8 @@
 //! This backend and its server, as PostgreSQL's globals describe them, read in one place:
 //! its process, its database, its start, its role, its transaction, its latch and client,
 //! the server's identity, timeline, data directory and limits, and the server's clock; and
-//! the hooks it runs our code from (at exit, when an extension is dropped). Everything else asks here
+//! the hooks it runs our code from (at exit, when an extension is dropped or a database
+//! made, at the end of a transaction). Everything else asks here
 //! instead of reading `pg_sys` globals itself.
 //!
 //! Why reading them is sound, once for all: every global read here is a plain value
@@ -300,20 +301,51 @@ pub fn set_latch_of(procno: usize) {
 
 static mut PREV_OBJECT_ACCESS: pg_sys::object_access_hook_type = None;
 static ON_EXTENSION_DROP: std::sync::OnceLock<fn()> = std::sync::OnceLock::new();
+static ON_DATABASE_CREATED: std::sync::OnceLock<fn(pg_sys::Oid)> = std::sync::OnceLock::new();
+static ON_RELATIONS_ALTERED: std::sync::OnceLock<fn()> = std::sync::OnceLock::new();
+/// pg_inherits' oid (`InheritsRelationId`, catalog/pg_inherits.h, which pgrx does not bind;
+/// a catalog's oid never changes).
+const INHERITS_RELATION_ID: u32 = 2611;
 
 /// Runs `hook` in the dropping transaction whenever an extension is dropped on this server
 /// (`DROP EXTENSION`, and `DROP SCHEMA ... CASCADE` or `DROP OWNED` that take one with
-/// them), through PostgreSQL's object access hook. Call once, at preload. Sound: the
+/// them), through PostgreSQL's object access hook. Call once, at preload.
+pub fn on_extension_drop(hook: fn()) {
+    if ON_EXTENSION_DROP.set(hook).is_ok() {
+        hook_object_access();
+    }
+}
+
+/// Runs `hook` with the new database's oid in the transaction of every `CREATE DATABASE`
+/// on this server, once the database's row is made, through the object access hook. Call
+/// once, at preload.
+pub fn on_database_created(hook: fn(pg_sys::Oid)) {
+    if ON_DATABASE_CREATED.set(hook).is_ok() {
+        hook_object_access();
+    }
+}
+
+/// Runs `hook` in the transaction of every `ALTER` of a relation (`ALTER TABLE` of any
+/// kind: rename, `SET SCHEMA`, a column's type), of a schema (`ALTER SCHEMA ... RENAME`),
+/// and of every inheritance link made (`INHERITS`, `INHERIT`, `PARTITION OF`, `ATTACH
+/// PARTITION`), in this database: PostgreSQL's post-alter events, whose object is not
+/// always visible to a catalog lookup yet, so `hook` is not told which. Call once, at
+/// preload.
+pub fn on_relations_altered(hook: fn()) {
+    if ON_RELATIONS_ALTERED.set(hook).is_ok() {
+        hook_object_access();
+    }
+}
+
+/// Puts `object_access` in front of the server's object access hook, once. Sound: the
 /// previous hook is kept and called first, with the arguments as given; the hook is
 /// `#[pg_guard]`, and reads nothing through its pointer argument.
-pub fn on_extension_drop(hook: fn()) {
-    if ON_EXTENSION_DROP.set(hook).is_err() {
-        return;
-    }
-    unsafe {
+fn hook_object_access() {
+    static HOOKED: std::sync::Once = std::sync::Once::new();
+    HOOKED.call_once(|| unsafe {
         PREV_OBJECT_ACCESS = pg_sys::object_access_hook;
         pg_sys::object_access_hook = Some(object_access);
-    }
+    });
 }
 
 #[pg_guard]
@@ -336,4 +368,81 @@ extern "C-unwind" fn object_access(
             hook();
         }
     }
+    if access == pg_sys::ObjectAccessType::OAT_POST_ALTER
+        && (class_id == pg_sys::RelationRelationId
+            || class_id == pg_sys::NamespaceRelationId
+            || class_id.to_u32() == INHERITS_RELATION_ID)
+    {
+        if let Some(hook) = ON_RELATIONS_ALTERED.get() {
+            hook();
+        }
+    }
+    if access == pg_sys::ObjectAccessType::OAT_POST_CREATE && class_id == pg_sys::DatabaseRelationId
+    {
+        if let Some(hook) = ON_DATABASE_CREATED.get() {
+            hook(object_id);
+        }
+    }
+}
+
+/// A step of a transaction's end, for `on_transaction_end`.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum TransactionEnd {
+    /// About to commit or to be prepared: nothing of it is visible to others yet, and no
+    /// statement runs in it any more (deferred triggers have fired).
+    Ending,
+    /// Committed, and visible as committed to every snapshot taken from now on.
+    Commit,
+    /// Prepared for two-phase commit (its end is a later `COMMIT PREPARED`, maybe by
+    /// another process, maybe after a restart).
+    Prepare,
+    Abort,
+}
+
+static ON_TRANSACTION_END: std::sync::OnceLock<fn(TransactionEnd)> = std::sync::OnceLock::new();
+
+/// Runs `hook` at each step of the end of every top-level transaction of every process of
+/// the server (a transaction callback registered at preload, which every process
+/// inherits). A commit's `Commit` step is called after the transaction left the process
+/// array (`CommitTransaction` runs the callbacks after `ProcArrayEndTransaction`), so a
+/// snapshot taken once it has begun sees the commit; its `Ending` step before the commit
+/// record is written. `hook` must not raise an error (a commit's callback is past the point
+/// where the transaction could still fail). Call once, at preload. Sound: the callback
+/// takes no pointer from us (its argument is null) and is `#[pg_guard]`.
+pub fn on_transaction_end(hook: fn(TransactionEnd)) {
+    if ON_TRANSACTION_END.set(hook).is_ok() {
+        unsafe { pg_sys::RegisterXactCallback(Some(transaction_ended), std::ptr::null_mut()) };
+    }
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn transaction_ended(
+    event: pg_sys::XactEvent::Type,
+    _arg: *mut std::ffi::c_void,
+) {
+    let end = match event {
+        pg_sys::XactEvent::XACT_EVENT_PRE_COMMIT | pg_sys::XactEvent::XACT_EVENT_PRE_PREPARE => {
+            TransactionEnd::Ending
+        }
+        pg_sys::XactEvent::XACT_EVENT_COMMIT => TransactionEnd::Commit,
+        pg_sys::XactEvent::XACT_EVENT_PREPARE => TransactionEnd::Prepare,
+        pg_sys::XactEvent::XACT_EVENT_ABORT => TransactionEnd::Abort,
+        _ => return,
+    };
+    if let Some(hook) = ON_TRANSACTION_END.get() {
+        hook(end);
+    }
+}
+
+/// Whether the current transaction has written anything (it has a transaction id: every
+/// row it inserted, updated, deleted or locked assigned one, to it or to a subtransaction
+/// and so to it).
+pub fn transaction_has_written() -> bool {
+    unsafe { pg_sys::GetTopTransactionIdIfAny() != pg_sys::InvalidTransactionId }
+}
+
+/// Whether this process is a logical replication worker (an apply, table-synchronisation
+/// or parallel apply worker), which writes tables without the executor's statements.
+pub fn is_logical_replication_worker() -> bool {
+    unsafe { pg_sys::IsLogicalWorker() }
 }

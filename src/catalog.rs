@@ -28,6 +28,11 @@ pub fn lockext_relation(name: &CStr) -> Option<pg_sys::Oid> {
     (oid != pg_sys::InvalidOid).then_some(oid)
 }
 
+/// The schema of relation `relation`; InvalidOid when there is no such relation.
+pub fn relation_namespace(relation: pg_sys::Oid) -> pg_sys::Oid {
+    unsafe { pg_sys::get_rel_namespace(relation) }
+}
+
 /// Whether relation `pg_catalog.<name>` exists (a catalog-cache lookup): Citus's catalogs
 /// (`pg_dist_partition`) exist only in a database with the citus extension.
 pub fn has_catalog_relation(name: &CStr) -> bool {

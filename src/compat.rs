@@ -355,7 +355,7 @@ fn renew(
     };
     let only_leases = commit::only_leases_so_far();
     let renewed =
-        Spi::connect_mut(|client| lease::first_found(client, statements, args, lease::renewed))?;
+        Spi::connect_mut(|client| xact::first_found(client, statements, args, lease::renewed))?;
     commit::relax_if_only_leases(only_leases);
     if renewed.is_none() {
         refuse_if_administering("lock_renew", version, role, lock_id, owner, fence_token)?;
@@ -441,7 +441,7 @@ fn release(
     };
     let only_leases = commit::only_leases_so_far();
     let deleted =
-        Spi::connect_mut(|client| lease::first_found(client, statements, args, lease::released))?;
+        Spi::connect_mut(|client| xact::first_found(client, statements, args, lease::released))?;
     commit::relax_if_only_leases(only_leases);
     if deleted.is_none() {
         refuse_if_administering(function, version, role, lock_id, owner, fence_token)?;

@@ -1154,7 +1154,7 @@ fn advance(
     let accepted = Spi::connect_mut(|client| {
         // On a Citus cluster the node's ledger says nothing of a lock whose shard moved in:
         // the live grant the bound resource demands is the check.
-        let statements: &[Statement] = match scope {
+        let statements: &'static [Statement] = match scope {
             Scope::Server => {
                 token::require_issued(client, fence_token)?;
                 &WRITE
@@ -1180,15 +1180,10 @@ fn advance(
         // WHERE says no; an UPDATE that waited for it keeps the lock of the row whose recheck
         // said no): undone, so that a refused writer whose transaction stays open
         // (fenced_update answers false, it raises nothing) holds up no one.
-        for statement in statements {
-            let stored = xact::kept_if_found(|| {
-                Ok((!statement.run(client, args())?.is_empty()).then_some(()))
-            })?;
-            if stored.is_some() {
-                return Ok::<_, LockError>(true);
-            }
-        }
-        Ok(false)
+        let stored = xact::first_found(client, statements, args, |rows| {
+            Ok((!rows.is_empty()).then_some(()))
+        })?;
+        Ok::<_, LockError>(stored.is_some())
     })?;
     if !accepted {
         stats::count(Counter::FenceStale);

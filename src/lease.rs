@@ -533,7 +533,7 @@ pub fn renew(
     let renewed = xact::while_briefly_locked(
         || {
             Spi::connect_mut(|client| {
-                first_found(client, &RENEW, || held.args_with_ttl(ttl), renewed)
+                xact::first_found(client, &RENEW, || held.args_with_ttl(ttl), renewed)
             })
         },
         || still_held(&held),
@@ -576,7 +576,7 @@ pub fn release_valid(
     let deleted = xact::while_briefly_locked(
         || {
             Spi::connect_mut(|client| {
-                let ended = first_found(client, &RELEASE, || held.args(), released)?;
+                let ended = xact::first_found(client, &RELEASE, || held.args(), released)?;
                 if let Some(ended) = ended.filter(|ended| ended.has_values) {
                     END_VALUES.run(
                         client,
@@ -607,25 +607,6 @@ pub fn release_valid(
         notify("released", lock_id, token, None)?;
     }
     Ok(released)
-}
-
-/// Runs a renewal's or a release's statements (one per lease table) in order, each kept
-/// only if it found the caller's lease (`xact::kept_if_found`: a refused one keeps no row
-/// locked), until one does; each takes the arguments `args` gives; `read` says what it
-/// found.
-pub fn first_found<'a, T>(
-    client: &mut SpiClient<'_>,
-    statements: &'static [Statement],
-    args: impl Fn() -> Args<'a>,
-    read: impl Fn(SpiTupleTable<'_>) -> Result<Option<T>, LockError>,
-) -> Result<Option<T>, LockError> {
-    for statement in statements {
-        let found = xact::kept_if_found(|| read(statement.run(client, args())?))?;
-        if found.is_some() {
-            return Ok(found);
-        }
-    }
-    Ok(None)
 }
 
 /// A renewal's row: the lease's new expiry. A lease attached to a keep-alive is renewed by

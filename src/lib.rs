@@ -4,6 +4,7 @@
 
 use pgrx::prelude::*;
 
+mod adopted;
 mod backend;
 mod caller;
 mod catalog;
@@ -112,6 +113,7 @@ pub extern "C-unwind" fn _PG_init() {
         ledger::register_rmgr();
         wait::init_shared_memory();
         claims::init_shared_memory();
+        adopted::init_shared_memory();
         reaper::init_shared_memory();
         reaper::register_launcher();
         reaper::watch_drops();

@@ -1,6 +1,7 @@
 //! lockext's own shared memory, set up in one place: the **tables** (a header, then rows,
 //! under an LWLock of their own: the reaper's board, `status.rs`; the wait queue,
-//! `wait.rs`; the rounds' hand-offs, `reaper.rs`), sized when the server starts, and the
+//! `wait.rs`; the rounds' hand-offs, `reaper.rs`; the adopted installations,
+//! `adopted.rs`), sized when the server starts, and the
 //! named **atomics** read without a lock (`WAITING`, `BULK_LOADS`). Their owners say what
 //! goes in them and when; the request and start-up hooks, the pointers and the locks are
 //! here. Shared memory exists only when lockext is preloaded: a table's `read` and

@@ -10,7 +10,7 @@
 //! launcher in `reaper.rs`, the exit hook in `session.rs`), so no caller's or database's
 //! search_path can bend them.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::ffi::CString;
 use std::rc::Rc;
@@ -207,6 +207,46 @@ pub fn first_named<T: pgrx::IntoDatum + pgrx::FromDatum>(
 }
 
 thread_local! {
+    // Set when one of lockext's statements starts, until the executor checks its
+    // privileges (`own_statement_checked`) or it ends.
+    static STARTING: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Whether the executor's privilege check now running (the hook of `adopted.rs` asks, once
+/// per check) is that of the lockext statement that just started: the first check after
+/// it starts is its own, since a statement is checked once as its plan starts, and
+/// nothing runs between its start and that check. Answers true once per statement: every
+/// other check while it runs is of something else (a trigger, a rule's other statement, a
+/// policy's function that a superuser put on lockext's tables), which lockext did not
+/// write. What lockext's statements write is lockext's: the files of `sql/run/`, which name
+/// lockext's tables, PostgreSQL's functions and lockext's own.
+pub fn own_statement_checked() -> bool {
+    STARTING.with(|s| s.replace(false))
+}
+
+/// Forgets a statement as starting: at the end of a transaction, which no statement spans.
+pub fn no_statement_starting() {
+    STARTING.with(|s| s.set(false));
+}
+
+/// Marks a statement as starting until the executor checks it, or until dropped (also
+/// when an error unwinds through it).
+struct Starting;
+
+impl Starting {
+    fn now() -> Starting {
+        STARTING.with(|s| s.set(true));
+        Starting
+    }
+}
+
+impl Drop for Starting {
+    fn drop(&mut self) {
+        STARTING.with(|s| s.set(false));
+    }
+}
+
+thread_local! {
     // A backend is single-threaded; a thread_local is its per-backend cache. Plans kept
     // with SPI_keepplan are revalidated by PostgreSQL when the objects they use change
     // (DROP/CREATE EXTENSION), so they are never stale. Each is kept for the backend's
@@ -359,7 +399,10 @@ fn run_kept<'conn, I: Iterator<Item = PgBuiltInOids>>(
         }
     };
     explore::point(|| format!("before {}", explore::statement_name(sql)));
-    let rows = client.select(plan, None, args);
+    let rows = {
+        let _starting = Starting::now();
+        client.select(plan, None, args)
+    };
     explore::point(|| format!("after {}", explore::statement_name(sql)));
     rows
 }
@@ -425,7 +468,10 @@ fn read_rows<I: Iterator<Item = PgBuiltInOids>>(
             })
             .unzip();
         explore::point(|| format!("before {}", explore::statement_name(sql_text)));
-        let rows = execute_raw(plan, &mut values, &nulls, limit, snapshot);
+        let rows = {
+            let _starting = Starting::now();
+            execute_raw(plan, &mut values, &nulls, limit, snapshot)
+        };
         explore::point(|| format!("after {}", explore::statement_name(sql_text)));
         rows
     }

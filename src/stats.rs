@@ -48,6 +48,7 @@ counters! {
     EventsSkipped => "events_skipped",
     ReaperDatabasesUnseen => "reaper_databases_unseen",
     ReaperSlotWaits => "reaper_slot_waits",
+    TokenEvidenceReads => "token_evidence_reads",
 }
 
 const COUNTERS: usize = NAMES.len();

@@ -27,7 +27,8 @@
 //! in every reaper round, lockext **adopts** that evidence: the ledger is raised (never
 //! lowered) so that the next token is above every token the evidence says this database's
 //! history can have handed out (`wanted`). Evidence this cluster wrote under its ledger
-//! needs nothing. A row from another cluster can lag its source's era by one (its source
+//! needs nothing. The evidence is read once per server rather than once per backend while
+//! nothing but lockext's own statements writes lockext's tables (`adopted.rs`). A row from another cluster can lag its source's era by one (its source
 //! may mint in a new era before the row's write commits), so it is passed by two.
 //!
 //! **Limits.** 2^41 - 1 = 2.2 * 10^12 grants per cluster (the counter is shared by every
@@ -48,6 +49,7 @@ use pgrx::pg_sys::{self, BuiltinOid::*};
 use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
 
+use crate::adopted;
 use crate::backend;
 use crate::catalog;
 use crate::error::{LockError, OrReport};
@@ -92,6 +94,12 @@ static WRITE_ROW: Statement = Statement {
         ("timeline", INT4OID),
         ("database", OIDOID),
     ],
+};
+
+/// Whether an adoption may be shared with the server's other backends (`adopted.rs`).
+static SHAREABLE: Statement = Statement {
+    sql: include_str!("../sql/run/token/shareable.sql"),
+    params: &[],
 };
 
 /// The highest token in each table of lockext's that holds tokens (a table an older version
@@ -268,8 +276,9 @@ thread_local! {
     static ROW_CONFIRMED: Cell<Option<(u32, u32, i64, u8)>> = const { Cell::new(None) };
 }
 
-/// Raises the ledger above this database's evidence, once per installation per backend.
-/// Returns the oid of lockext.token_epoch.
+/// Raises the ledger above this database's evidence, once per installation per backend,
+/// and without reading the evidence when the server's record says it was adopted since it
+/// last changed (`adopted.rs`). Returns the oid of lockext.token_epoch.
 pub fn adopt() -> Result<pg_sys::Oid, LockError> {
     // A hot standby's ledger is its primary's, replayed: nothing to adopt there.
     backend::writable_server()?;
@@ -278,11 +287,31 @@ pub fn adopt() -> Result<pg_sys::Oid, LockError> {
             detail: "lockext.token_epoch is missing".into(),
         });
     };
-    let key = (backend::database().to_u32(), epoch_table.to_u32());
+    let database = backend::database();
+    let key = (database.to_u32(), epoch_table.to_u32());
     if ADOPTED.with(|a| a.get()) == Some(key) {
         return Ok(epoch_table);
     }
+    // The generation first, then every snapshot the evidence is read under (the order
+    // the argument in adopted.rs needs).
+    let generation = match adopted::known(database, epoch_table) {
+        adopted::Known::Adopted => {
+            ADOPTED.with(|a| a.set(Some(key)));
+            return Ok(epoch_table);
+        }
+        adopted::Known::Unknown(generation) => generation,
+    };
+    // Not from what this transaction's own changes hide or show (a rollback takes them
+    // back and raises nothing), nor when the shared record cannot see every write.
+    let shared = generation.filter(|_| {
+        !backend::transaction_has_written()
+            && SHAREABLE
+                .read_latest(Args::new())
+                .and_then(|row| row.get::<bool>("shareable"))
+                == Some(true)
+    });
     let evidence = read_evidence(epoch_table);
+    crate::stats::count(crate::stats::Counter::TokenEvidenceReads);
     let ledger = ledger::state()?;
     let timeline = backend::wal_timeline();
     let system = backend::system_identifier();
@@ -296,13 +325,35 @@ pub fn adopt() -> Result<pg_sys::Oid, LockError> {
                  ledger (database oid {}): the era is now {}; standbys that have not replayed \
                  this far and backups taken before it do not know of it, so take a new base \
                  backup",
-                backend::database().to_u32(),
+                database.to_u32(),
                 now.era(timeline)
             );
         }
     }
+    pass_in_era(evidence.highest_kept, timeline)?;
+    if let Some(generation) = shared {
+        adopted::remember(database, epoch_table, generation);
+    }
     ADOPTED.with(|a| a.set(Some(key)));
     Ok(epoch_table)
+}
+
+/// The highest kept token, when it is of the era in force: the next token goes past it.
+/// `wanted` raises the reservation above a counter beyond it, but a running server hands
+/// out counters from below its reservation, so a token of another history restored without
+/// its epoch row, in the same era, can be within it (the attack pass on the shared
+/// adoption found one handed out again).
+fn pass_in_era(highest_kept: Option<i64>, timeline: u32) -> Result<(), LockError> {
+    let Some(token) = highest_kept else {
+        return Ok(());
+    };
+    let state = ledger::state()?;
+    let layout = Layout::of(token);
+    if state.layout != 0 && state.layout() == layout && layout.split(token).0 == state.era(timeline)
+    {
+        ledger::raise_past(token)?;
+    }
+    Ok(())
 }
 
 /// Makes `lockext.token_epoch` record the era in force, for dumps and `pg_upgrade`: a

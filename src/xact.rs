@@ -5,8 +5,11 @@ use std::panic::AssertUnwindSafe;
 use pgrx::pg_sys::panic::CaughtError;
 use pgrx::prelude::*;
 
+use pgrx::spi::{SpiClient, SpiTupleTable};
+
 use crate::backend;
 use crate::error::LockError;
+use crate::statements::{Args, Statement};
 
 /// Ends whatever transaction is open, rolled back (an exit hook's first step: the backend
 /// may exit in the middle of one). Sound at any point a backend can exit.
@@ -111,6 +114,25 @@ pub fn kept_if_found<T>(
     statement: impl FnOnce() -> Result<Option<T>, LockError>,
 ) -> Result<Option<T>, LockError> {
     all_or_nothing(statement)
+}
+
+/// Runs `statements` in order, each kept only if it found something (`kept_if_found`: a
+/// refused one keeps no row locked), until one does; each takes the arguments `args`
+/// gives, and `read` says what it found. A renewal's or a release's statements (one per
+/// lease table); a fenced write's UPDATE, then its upsert.
+pub fn first_found<'a, T>(
+    client: &mut SpiClient<'_>,
+    statements: &'static [Statement],
+    args: impl Fn() -> Args<'a>,
+    read: impl Fn(SpiTupleTable<'_>) -> Result<Option<T>, LockError>,
+) -> Result<Option<T>, LockError> {
+    for statement in statements {
+        let found = kept_if_found(|| read(statement.run(client, args())?))?;
+        if found.is_some() {
+            return Ok(found);
+        }
+    }
+    Ok(None)
 }
 
 /// Runs a renewal or a release (`attempt`), and again while it found nothing although

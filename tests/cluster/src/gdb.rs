@@ -160,6 +160,23 @@ impl Gdb {
         }
     }
 
+    /// Runs the stopped process to the end of the function it is stopped in (gdb's
+    /// `finish`), and waits until it stops there: the instructions right after the call.
+    pub fn finish(&mut self, within: Duration) {
+        self.command("-exec-finish", within);
+        self.running = true;
+        // Its stop has reason "function-finished" only where gdb knows the caller's frame
+        // (debug symbols); any stop after the `finish` is that one.
+        self.wait_line(within, |l| l.starts_with("*stopped"))
+            .unwrap_or_else(|| {
+                panic!(
+                    "gdb: pid {} did not finish its function within {within:?}\n{}",
+                    self.pid,
+                    self.transcript.join("\n")
+                )
+            });
+    }
+
     /// The stopped process's stack, innermost first (function names, `??` unknown).
     pub fn backtrace(&mut self) -> Vec<String> {
         let frames = self.command("-stack-list-frames 0 40", Duration::from_secs(10));
