@@ -13,7 +13,8 @@
 //! tables), so they never raise the evidence above what the ledger and the tables had;
 //! and otherwise by a restore, a hand-made `INSERT`, `UPDATE` or `COPY`, a logical
 //! replication worker, or something a superuser added to lockext's tables (a trigger, a
-//! rule, a policy's function, a table inheriting from one or that one inherits from). Each
+//! rule, a policy's function, a table inheriting from one or that one inherits from, a
+//! relation put in place of one). Each
 //! database has a **generation**, raised when a transaction that can have changed the
 //! evidence commits or prepares:
 //! - one that wrote a relation of schema `lockext` by a statement other than lockext's own
@@ -41,9 +42,18 @@
 //!   its transaction visible before it leaves the list of prepared ones. A transaction
 //!   prepared before a restart is in that list too.
 //! - An entry is not made by a transaction that has written anything (its own uncommitted
-//!   changes, which a rollback takes back without a raise, are in what it read), nor while
-//!   a lease table has an inheritance link (a write through the other relation names only
-//!   that one), asked after the generation is read.
+//!   changes, which a rollback takes back without a raise, are in what it read).
+//! - An entry is neither made nor used unless schema lockext is **as the extension made
+//!   it** (`sql/run/token/shareable.sql`, asked after the generation is read): every
+//!   relation in it the extension's (not a view or a `CREATE TABLE AS` put in place of an
+//!   evidence table), nothing on them that calls a function neither built in nor the
+//!   extension's (a BEFORE trigger changes the row lockext's statement writes, with no
+//!   statement of its own; an index or statistics expression runs while lockext's
+//!   statement is planned, before its permission check), no rule but a view's, no
+//!   inheritance link. A superuser's change that makes it so is DDL, and raises the
+//!   generation or is seen by the next backend's check; one that undoes it raises too.
+//!   What the check trusts is the extension's membership: a function a superuser adds to
+//!   the extension is lockext's.
 //! - The table lives in shared memory: a restart (or a crash, which resets shared memory)
 //!   empties it, and a server made by `pg_upgrade`, restored from a backup, or promoted
 //!   (a standby adopts nothing) starts with nothing to trust.

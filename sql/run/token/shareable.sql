@@ -1,13 +1,50 @@
--- Whether this adoption may be shared with the server's other backends (`adopted.rs`),
--- asked after the generation is read and before the evidence is (under the newest
--- snapshot): no transaction is prepared for two-phase commit, in any database (one that
--- wrote lockext's tables becomes visible at its COMMIT PREPARED, which raises no
--- generation), and no relation of schema lockext inherits or is inherited from (a write
--- through the other relation names only that one, which the permission hook does not see
--- as lockext's).
+-- Whether the server's record of adopted installations (`adopted.rs`) may serve this
+-- backend, and whether this backend's adoption may be recorded for others: asked after the
+-- generation is read and before the evidence is, under the newest snapshot.
+-- `as_made`: schema lockext is as the extension made it, so that every write of its
+-- tables is one the permission hook sees as what it is: each of its tables, views and
+-- other relations is the extension's (not one put in place of an evidence table by hand,
+-- a view or a table made by CREATE TABLE AS, whose rows no statement writes); nothing on
+-- them runs code lockext did not bring (a trigger, an index or statistics expression, a
+-- default, a constraint or a policy that calls a function that is neither built in nor
+-- lockext's: a BEFORE trigger changes the row lockext's own statement writes, and
+-- expressions are run while its plan is made, before its permission check); no rule but a
+-- view's (an INSTEAD rule replaces lockext's statement); no inheritance link (a write
+-- through the other relation names only that one).
+-- `unprepared`: no transaction is prepared for two-phase commit, in any database: one
+-- that wrote lockext's tables becomes visible at its COMMIT PREPARED, which raises no
+-- generation (asked only to record).
 -- No parameters.
-SELECT NOT EXISTS (SELECT FROM pg_prepared_xact())
+WITH ext AS (
+    SELECT e.oid, e.extnamespace FROM pg_extension e WHERE e.extname = 'lockext'
+), rel AS (
+    SELECT c.oid, c.relkind FROM pg_class c
+     WHERE c.relnamespace = (SELECT oid FROM pg_namespace WHERE nspname = 'lockext')
+)
+SELECT (SELECT extnamespace FROM ext) = (SELECT oid FROM pg_namespace WHERE nspname = 'lockext')
+       AND NOT EXISTS (
+           SELECT FROM rel
+            WHERE rel.relkind IN ('r', 'p', 'v', 'm', 'f')
+              AND NOT EXISTS (SELECT FROM pg_depend d
+                               WHERE d.classid = 'pg_class'::regclass AND d.objid = rel.oid
+                                 AND d.refclassid = 'pg_extension'::regclass
+                                 AND d.refobjid = (SELECT oid FROM ext) AND d.deptype = 'e'))
+       AND NOT EXISTS (
+           SELECT FROM pg_depend on_rel
+             JOIN pg_depend on_fn ON on_fn.classid = on_rel.classid
+                                 AND on_fn.objid = on_rel.objid
+                                 AND on_fn.refclassid = 'pg_proc'::regclass
+            WHERE on_rel.refclassid = 'pg_class'::regclass
+              AND on_rel.refobjid IN (SELECT oid FROM rel)
+              AND on_fn.refobjid >= 16384
+              AND NOT EXISTS (SELECT FROM pg_depend m
+                               WHERE m.classid = 'pg_proc'::regclass
+                                 AND m.objid = on_fn.refobjid
+                                 AND m.refclassid = 'pg_extension'::regclass
+                                 AND m.refobjid = (SELECT oid FROM ext) AND m.deptype = 'e'))
+       AND NOT EXISTS (SELECT FROM pg_rewrite r
+                        WHERE r.ev_class IN (SELECT oid FROM rel) AND r.rulename <> '_RETURN')
        AND NOT EXISTS (SELECT FROM pg_inherits i
-                         JOIN pg_class c ON c.oid IN (i.inhrelid, i.inhparent)
-                        WHERE c.relnamespace = (SELECT oid FROM pg_namespace
-                                                 WHERE nspname = 'lockext')) AS shareable
+                        WHERE i.inhrelid IN (SELECT oid FROM rel)
+                           OR i.inhparent IN (SELECT oid FROM rel)) AS as_made,
+       NOT EXISTS (SELECT FROM pg_prepared_xact()) AS unprepared

@@ -394,8 +394,11 @@ fn a_connection_whose_own_changes_hide_a_lease_records_nothing() {
 }
 
 /// Attack pass, finding 3: a trigger a superuser put on lockext.locks, which writes a higher
-/// token into lockext.resources whenever lockext's own statement inserts a lease. Its write
-/// runs inside lockext's statement, but is not it.
+/// token into lockext.resources whenever lockext's own statement inserts a lease. While the
+/// trigger's function is not lockext's, schema lockext is not as the extension made it and
+/// no record serves anyone; once a superuser adds the function to the extension, the
+/// record is used again, and the trigger's write, inside lockext's statement, is still
+/// seen as not lockext's (only the statement's first permission check is its own).
 #[test]
 fn a_trigger_on_a_lease_table_writes_as_itself_not_as_lockext() {
     let mut checks = Checks::new("Trigger on a lease table");
@@ -412,34 +415,187 @@ fn a_trigger_on_a_lease_table_writes_as_itself_not_as_lockext() {
              EXECUTE FUNCTION public.evil()"
         ))
         .expect("create the trigger");
-    // Adopted again once the trigger is there (the DDL may have raised the generation), by
-    // a connection that writes nothing: the grant that fires the trigger then uses the
-    // record, and only the trigger's write can make it stale.
+    let (_, unmade) = first_grant(&cluster, "postgres", "unmade", &mut watch);
+    let (_, unmade_next) = first_grant(&cluster, "postgres", "unmade-next", &mut watch);
+    checks.check(
+        unmade == 1 && unmade_next == 1,
+        format!("with a trigger of another function on a lease table, every new connection reads the evidence ({unmade}, {unmade_next}; 1 each)"),
+    );
+    let (after_unmade, _) = first_grant(&cluster, "postgres", "after-unmade", &mut watch);
+    checks.above(
+        "the first grant after that trigger's writes",
+        &[after_unmade],
+        &[theirs],
+    );
+    // Above what the reads so far adopted, so that only a read after its write passes it.
+    let theirs_now = (20_i64 << 41) + 22;
+    watch
+        .batch_execute(&format!(
+            "ALTER EXTENSION lockext ADD FUNCTION public.evil(); \
+             CREATE OR REPLACE FUNCTION public.evil() RETURNS trigger LANGUAGE plpgsql AS $$ \
+             BEGIN INSERT INTO lockext.resources (resource_id, fence_token, updated_at) \
+             VALUES ('evil-' || NEW.lock_id, {theirs_now}, now()); RETURN NULL; END $$"
+        ))
+        .expect("make the function the extension's");
+    // Adopted again by a connection that writes nothing: the grant that fires the trigger
+    // then uses the record, and only the trigger's write can make it stale.
     let mut c = cluster.connect();
     let _ = c.batch_execute("SELECT lockext.check_token(1)");
     drop(c);
     let (fired, fired_reads) = first_grant(&cluster, "postgres", "fires", &mut watch);
     checks.check(
         fired_reads == 0,
-        format!("the grant that fired the trigger used the record (read {fired_reads} times, 0)"),
+        format!("the function the extension's now: the grant that fired the trigger used the record (read {fired_reads} times, 0)"),
     );
     let written = count(
         &mut watch,
         "SELECT count(*) FROM lockext.resources WHERE resource_id = 'evil-fires'",
     );
-    let (after, reads) = first_grant(&cluster, "postgres", "after", &mut watch);
-    println!(
-        "the grant that fired it {fired}; the next {after} (read {reads} times); theirs {theirs}"
-    );
     checks.check(
         written == 1,
         format!("the trigger wrote its row ({written})"),
     );
+    let (after, reads) = first_grant(&cluster, "postgres", "after", &mut watch);
+    println!("the grant that fired it {fired}; the next {after} (read {reads} times); theirs {theirs_now}");
     checks.above(
         "the first grant after the trigger's write",
         &[after],
-        &[theirs],
+        &[theirs_now],
     );
+    checks.check(
+        reads == 1,
+        format!("it read the evidence {reads} time(s) (1)"),
+    );
+    checks.finish();
+}
+
+/// Second attack pass: a relation put in place of an evidence table by a superuser, whose
+/// rows are written through another relation (a view over a table of another schema), or
+/// by no statement at all (`CREATE TABLE ... AS`).
+#[test]
+fn a_relation_put_in_place_of_a_lease_table_is_not_the_extensions() {
+    let mut checks = Checks::new("Replaced evidence table");
+    for variant in ["view", "table as"] {
+        let cluster = Cluster::start(
+            &format!("adopt-replaced-{}", variant.replace(' ', "-")),
+            NO_REAPER,
+        );
+        let mut watch = cluster.connect();
+        let theirs = foreign_token(66);
+        if variant == "view" {
+            sql(
+                &mut watch,
+                "BEGIN; ALTER EXTENSION lockext DROP TABLE lockext.keepalives;
+                 ALTER TABLE lockext.keepalives RENAME TO keepalives_old;
+                 CREATE TABLE public.evil (keepalive bigint);
+                 CREATE VIEW lockext.keepalives AS SELECT keepalive FROM public.evil; COMMIT",
+            );
+            recorded_or_not(&cluster, &mut watch, &mut checks, variant);
+            watch
+                .execute("INSERT INTO public.evil VALUES ($1)", &[&theirs])
+                .expect("write through the other relation");
+        } else {
+            sql(
+                &mut watch,
+                "BEGIN; ALTER EXTENSION lockext DROP TABLE lockext.keepalives;
+                 ALTER TABLE lockext.keepalives RENAME TO keepalives_old; COMMIT",
+            );
+            recorded_or_not(&cluster, &mut watch, &mut checks, variant);
+            sql(
+                &mut watch,
+                &format!("CREATE TABLE lockext.keepalives AS SELECT {theirs}::bigint AS keepalive"),
+            );
+        }
+        let (after, reads) = first_grant(&cluster, "postgres", "after", &mut watch);
+        println!("{variant}: after {after} (read {reads} times); theirs {theirs}");
+        checks.above(
+            &format!("{variant}: the first grant after the write"),
+            &[after],
+            &[theirs],
+        );
+    }
+    checks.finish();
+}
+
+/// Two new connections after a superuser's change to schema lockext: each reads the
+/// evidence (the schema is not as the extension made it, so no record serves them).
+fn recorded_or_not(cluster: &Cluster, watch: &mut Client, checks: &mut Checks, what: &str) {
+    let (_, first) = first_grant(cluster, "postgres", &format!("{what}-1"), watch);
+    let (_, next) = first_grant(cluster, "postgres", &format!("{what}-2"), watch);
+    checks.check(
+        first == 1 && next == 1,
+        format!("{what}: each new connection read the evidence ({first}, {next}; 1 each)"),
+    );
+}
+
+/// Second attack pass: code a superuser put on lockext.locks that runs inside lockext's own
+/// statements without a statement of its own: a BEFORE trigger that changes the token of
+/// the row lockext inserts, and an index expression whose function writes while lockext's
+/// read-only statement is planned (before its permission check).
+#[test]
+fn code_on_a_lease_table_that_runs_inside_lockexts_statements_keeps_adoption_unshared() {
+    let mut checks = Checks::new("Code inside lockext's statements");
+    for variant in ["before trigger", "index expression"] {
+        let cluster = Cluster::start(
+            &format!("adopt-code-{}", variant.replace(' ', "-")),
+            NO_REAPER,
+        );
+        let mut watch = cluster.connect();
+        let theirs = foreign_token(77);
+        if variant == "before trigger" {
+            watch
+                .batch_execute(&format!(
+                    "CREATE FUNCTION public.bump() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+                     IF NEW.lock_id = 'bumped' THEN NEW.fence_token := {theirs}; END IF; \
+                     RETURN NEW; END $$; \
+                     CREATE TRIGGER bump BEFORE INSERT OR UPDATE ON lockext.locks \
+                     FOR EACH ROW EXECUTE FUNCTION public.bump()"
+                ))
+                .expect("create the trigger");
+            recorded_or_not(&cluster, &mut watch, &mut checks, variant);
+            let mut c = cluster.connect();
+            let got = grant(&mut c, "bumped", "x");
+            checks.check(
+                got == theirs,
+                format!("{variant}: the trigger set the token ({got})"),
+            );
+        } else {
+            watch
+                .batch_execute(&format!(
+                    "CREATE FUNCTION public.g() RETURNS int LANGUAGE plpgsql VOLATILE AS $$ BEGIN \
+                     INSERT INTO lockext.resources (resource_id, fence_token, updated_at) \
+                     VALUES ('planned-' || clock_timestamp(), {theirs}, now()); RETURN 0; END $$; \
+                     CREATE FUNCTION public.f(int) RETURNS int LANGUAGE plpgsql IMMUTABLE AS $$ \
+                     DECLARE y int; BEGIN \
+                     IF current_setting('adopt.arm', true) = 'on' THEN \
+                     PERFORM set_config('adopt.arm', 'off', false); y := public.g(); END IF; \
+                     RETURN $1; END $$; \
+                     CREATE INDEX planned ON lockext.locks ((fence_token + public.f(1)))"
+                ))
+                .expect("create the index");
+            recorded_or_not(&cluster, &mut watch, &mut checks, variant);
+            let mut c = cluster.connect();
+            let _ = c.batch_execute(
+                "SET adopt.arm = 'on'; SELECT count(*) FROM lockext.lock_holders('zz')",
+            );
+            drop(c);
+            let planned = count(
+                &mut watch,
+                "SELECT count(*) FROM lockext.resources WHERE resource_id LIKE 'planned-%'",
+            );
+            checks.check(
+                planned == 1,
+                format!("{variant}: the function wrote while lockext's statement was planned ({planned})"),
+            );
+        }
+        let (after, reads) = first_grant(&cluster, "postgres", "after", &mut watch);
+        println!("{variant}: after {after} (read {reads} times); theirs {theirs}");
+        checks.above(
+            &format!("{variant}: the first grant after it"),
+            &[after],
+            &[theirs],
+        );
+    }
     checks.finish();
 }
 
