@@ -21,9 +21,9 @@
 //!   (the executor's permission hook sees every statement's plan start and every `COPY
 //!   FROM`, whoever runs them, `pgversion::on_statement_checked`; a trigger's or a rule's
 //!   statement inside one of lockext's is checked apart from it, `statements.rs`);
-//! - one that altered a relation or a schema, or linked two relations by inheritance
-//!   (`ALTER TABLE`, a rename, `SET SCHEMA`, `ALTER SCHEMA`, `INHERITS`, `ATTACH
-//!   PARTITION`: which one is not known at that point, so any in the database);
+//! - one that made, changed or dropped any definition in the database (DDL: a table, an
+//!   index, a trigger, a rule, a policy, statistics, a function, an inheritance link, an
+//!   extension's members; which object is not known at that point, so any);
 //! - every one of a logical replication worker in that database;
 //! - `CREATE DATABASE`, for the new database (its oid may be a dropped one's).
 //!
@@ -43,17 +43,16 @@
 //!   prepared before a restart is in that list too.
 //! - An entry is not made by a transaction that has written anything (its own uncommitted
 //!   changes, which a rollback takes back without a raise, are in what it read).
-//! - An entry is neither made nor used unless schema lockext is **as the extension made
-//!   it** (`sql/run/token/shareable.sql`, asked after the generation is read): every
-//!   relation in it the extension's (not a view or a `CREATE TABLE AS` put in place of an
-//!   evidence table), nothing on them that calls a function neither built in nor the
-//!   extension's (a BEFORE trigger changes the row lockext's statement writes, with no
-//!   statement of its own; an index or statistics expression runs while lockext's
-//!   statement is planned, before its permission check), no rule but a view's, no
-//!   inheritance link. A superuser's change that makes it so is DDL, and raises the
-//!   generation or is seen by the next backend's check; one that undoes it raises too.
-//!   What the check trusts is the extension's membership: a function a superuser adds to
-//!   the extension is lockext's.
+//! - An entry is not made unless schema lockext is **as the extension made it**
+//!   (`sql/run/token/shareable.sql`, asked after the generation is read): every relation
+//!   in it the extension's (not a view or a `CREATE TABLE AS` put in place of an evidence
+//!   table), nothing on them that calls a function neither built in nor the extension's (a
+//!   BEFORE trigger changes the row lockext's statement writes, with no statement of its
+//!   own; an index or statistics expression runs while lockext's statement is planned,
+//!   before its permission check), no rule but a view's, no inheritance link. Whatever
+//!   changes that afterwards is DDL, which raises the generation: the entry is not used
+//!   again, and the next one is made only once the check passes again. The check trusts
+//!   the extension's membership: a function a superuser adds to the extension is lockext's.
 //! - The table lives in shared memory: a restart (or a crash, which resets shared memory)
 //!   empties it, and a server made by `pg_upgrade`, restored from a backup, or promoted
 //!   (a standby adopts nothing) starts with nothing to trust.
@@ -126,7 +125,7 @@ static ADOPTED: Table<Board, Entry> = Table::new(
 pub fn init_shared_memory() {
     ADOPTED.request();
     pgversion::on_statement_checked(statement_checked);
-    backend::on_relations_altered(|| changed(backend::database()));
+    backend::on_definitions_changed(|| changed(backend::database()));
     backend::on_database_created(changed);
     backend::on_transaction_end(transaction_ended);
 }

@@ -302,10 +302,7 @@ pub fn set_latch_of(procno: usize) {
 static mut PREV_OBJECT_ACCESS: pg_sys::object_access_hook_type = None;
 static ON_EXTENSION_DROP: std::sync::OnceLock<fn()> = std::sync::OnceLock::new();
 static ON_DATABASE_CREATED: std::sync::OnceLock<fn(pg_sys::Oid)> = std::sync::OnceLock::new();
-static ON_RELATIONS_ALTERED: std::sync::OnceLock<fn()> = std::sync::OnceLock::new();
-/// pg_inherits' oid (`InheritsRelationId`, catalog/pg_inherits.h, which pgrx does not bind;
-/// a catalog's oid never changes).
-const INHERITS_RELATION_ID: u32 = 2611;
+static ON_DEFINITIONS_CHANGED: std::sync::OnceLock<fn()> = std::sync::OnceLock::new();
 
 /// Runs `hook` in the dropping transaction whenever an extension is dropped on this server
 /// (`DROP EXTENSION`, and `DROP SCHEMA ... CASCADE` or `DROP OWNED` that take one with
@@ -325,14 +322,13 @@ pub fn on_database_created(hook: fn(pg_sys::Oid)) {
     }
 }
 
-/// Runs `hook` in the transaction of every `ALTER` of a relation (`ALTER TABLE` of any
-/// kind: rename, `SET SCHEMA`, a column's type), of a schema (`ALTER SCHEMA ... RENAME`),
-/// and of every inheritance link made (`INHERITS`, `INHERIT`, `PARTITION OF`, `ATTACH
-/// PARTITION`), in this database: PostgreSQL's post-alter events, whose object is not
-/// always visible to a catalog lookup yet, so `hook` is not told which. Call once, at
-/// preload.
-pub fn on_relations_altered(hook: fn()) {
-    if ON_RELATIONS_ALTERED.set(hook).is_ok() {
+/// Runs `hook` in the transaction of every definition made, changed or dropped in this
+/// database (PostgreSQL's post-create, post-alter and drop events, of any kind of object:
+/// a table, an index, a trigger, a rule, a policy, statistics, a function, an
+/// inheritance link, an extension's members), whose object is not always visible to a
+/// catalog lookup yet, so `hook` is not told which. Call once, at preload.
+pub fn on_definitions_changed(hook: fn()) {
+    if ON_DEFINITIONS_CHANGED.set(hook).is_ok() {
         hook_object_access();
     }
 }
@@ -368,12 +364,13 @@ extern "C-unwind" fn object_access(
             hook();
         }
     }
-    if access == pg_sys::ObjectAccessType::OAT_POST_ALTER
-        && (class_id == pg_sys::RelationRelationId
-            || class_id == pg_sys::NamespaceRelationId
-            || class_id.to_u32() == INHERITS_RELATION_ID)
-    {
-        if let Some(hook) = ON_RELATIONS_ALTERED.get() {
+    if matches!(
+        access,
+        pg_sys::ObjectAccessType::OAT_POST_CREATE
+            | pg_sys::ObjectAccessType::OAT_POST_ALTER
+            | pg_sys::ObjectAccessType::OAT_DROP
+    ) {
+        if let Some(hook) = ON_DEFINITIONS_CHANGED.get() {
             hook();
         }
     }

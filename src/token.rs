@@ -294,27 +294,22 @@ pub fn adopt() -> Result<pg_sys::Oid, LockError> {
     }
     // The generation first, then every snapshot the check and the evidence are read under
     // (the order the argument in adopted.rs needs).
-    let known = adopted::known(database, epoch_table);
-    let (as_made, unprepared) = match known {
-        adopted::Known::Unknown(None) => (false, false),
-        _ => {
-            let row = SHAREABLE.read_latest(Args::new());
-            let flag = |column| row.as_ref().and_then(|r| r.get::<bool>(column)) == Some(true);
-            (flag("as_made"), flag("unprepared"))
-        }
-    };
-    let generation = match known {
-        adopted::Known::Adopted if as_made => {
+    let generation = match adopted::known(database, epoch_table) {
+        adopted::Known::Adopted => {
             ADOPTED.with(|a| a.set(Some(key)));
             return Ok(epoch_table);
         }
-        adopted::Known::Adopted => None,
         adopted::Known::Unknown(generation) => generation,
     };
-    // Not from what this transaction's own changes hide or show (a rollback takes them
-    // back and raises nothing), nor when the record cannot see every write.
-    let shared =
-        generation.filter(|_| as_made && unprepared && !backend::transaction_has_written());
+    // Recorded for others only if the record can see every write, and not from what this
+    // transaction's own changes hide or show (a rollback takes them back, raising nothing).
+    let shared = generation.filter(|_| {
+        !backend::transaction_has_written()
+            && SHAREABLE.read_latest(Args::new()).is_some_and(|row| {
+                row.get::<bool>("as_made") == Some(true)
+                    && row.get::<bool>("unprepared") == Some(true)
+            })
+    });
     let evidence = read_evidence(epoch_table);
     crate::stats::count(crate::stats::Counter::TokenEvidenceReads);
     let ledger = ledger::state()?;

@@ -1,6 +1,7 @@
--- Whether the server's record of adopted installations (`adopted.rs`) may serve this
--- backend, and whether this backend's adoption may be recorded for others: asked after the
--- generation is read and before the evidence is, under the newest snapshot.
+-- Whether this backend's adoption may be recorded for the server's other backends
+-- (`adopted.rs`): asked after the generation is read and before the evidence is, under
+-- the newest snapshot. Whatever changes the answer afterwards is DDL, or a PREPARE, which
+-- raise the generation.
 -- `as_made`: schema lockext is as the extension made it, so that every write of its
 -- tables is one the permission hook sees as what it is: each of its tables, views and
 -- other relations is the extension's (not one put in place of an evidence table by hand,
@@ -13,7 +14,7 @@
 -- through the other relation names only that one).
 -- `unprepared`: no transaction is prepared for two-phase commit, in any database: one
 -- that wrote lockext's tables becomes visible at its COMMIT PREPARED, which raises no
--- generation (asked only to record).
+-- generation.
 -- No parameters.
 WITH ext AS (
     SELECT e.oid, e.extnamespace FROM pg_extension e WHERE e.extname = 'lockext'

@@ -471,7 +471,8 @@ fn a_trigger_on_a_lease_table_writes_as_itself_not_as_lockext() {
 
 /// Second attack pass: a relation put in place of an evidence table by a superuser, whose
 /// rows are written through another relation (a view over a table of another schema), or
-/// by no statement at all (`CREATE TABLE ... AS`).
+/// by no statement at all (`CREATE TABLE ... AS`), after the installation's adoption was
+/// recorded.
 #[test]
 fn a_relation_put_in_place_of_a_lease_table_is_not_the_extensions() {
     let mut checks = Checks::new("Replaced evidence table");
@@ -481,6 +482,7 @@ fn a_relation_put_in_place_of_a_lease_table_is_not_the_extensions() {
             NO_REAPER,
         );
         let mut watch = cluster.connect();
+        recorded(&cluster, "postgres", &mut watch, &mut checks, variant);
         let theirs = foreign_token(66);
         if variant == "view" {
             sql(
@@ -518,7 +520,8 @@ fn a_relation_put_in_place_of_a_lease_table_is_not_the_extensions() {
 }
 
 /// Two new connections after a superuser's change to schema lockext: each reads the
-/// evidence (the schema is not as the extension made it, so no record serves them).
+/// evidence (the change was DDL, which made the record unusable, and the schema is not as
+/// the extension made it, so no record is made again).
 fn recorded_or_not(cluster: &Cluster, watch: &mut Client, checks: &mut Checks, what: &str) {
     let (_, first) = first_grant(cluster, "postgres", &format!("{what}-1"), watch);
     let (_, next) = first_grant(cluster, "postgres", &format!("{what}-2"), watch);
@@ -531,7 +534,8 @@ fn recorded_or_not(cluster: &Cluster, watch: &mut Client, checks: &mut Checks, w
 /// Second attack pass: code a superuser put on lockext.locks that runs inside lockext's own
 /// statements without a statement of its own: a BEFORE trigger that changes the token of
 /// the row lockext inserts, and an index expression whose function writes while lockext's
-/// read-only statement is planned (before its permission check).
+/// read-only statement is planned (before its permission check); each put there after the
+/// installation's adoption was recorded.
 #[test]
 fn code_on_a_lease_table_that_runs_inside_lockexts_statements_keeps_adoption_unshared() {
     let mut checks = Checks::new("Code inside lockext's statements");
@@ -541,6 +545,7 @@ fn code_on_a_lease_table_that_runs_inside_lockexts_statements_keeps_adoption_uns
             NO_REAPER,
         );
         let mut watch = cluster.connect();
+        recorded(&cluster, "postgres", &mut watch, &mut checks, variant);
         let theirs = foreign_token(77);
         if variant == "before trigger" {
             watch
