@@ -46,10 +46,12 @@
 //! - An entry is not made unless schema lockext is **as the extension made it**
 //!   (`sql/run/token/shareable.sql`, asked after the generation is read): every relation
 //!   in it the extension's (not a view or a `CREATE TABLE AS` put in place of an evidence
-//!   table), nothing on them that calls a function neither built in nor the extension's (a
-//!   BEFORE trigger changes the row lockext's statement writes, with no statement of its
-//!   own; an index or statistics expression runs while lockext's statement is planned,
-//!   before its permission check), no rule but a view's, no inheritance link. Whatever
+//!   table), neither they nor anything on them depending on an object neither built in nor
+//!   the extension's (a function, an operator, a type: a BEFORE trigger changes the row
+//!   lockext's statement writes, with no statement of its own; an index or statistics
+//!   expression, or an operator a policy uses, runs while lockext's statement is planned,
+//!   before its permission check), no rule but a view's, no row-level security, no
+//!   inheritance link. Whatever
 //!   changes that afterwards is DDL, which raises the generation: the entry is not used
 //!   again, and the next one is made only once the check passes again. The check trusts
 //!   the extension's membership: a function a superuser adds to the extension is lockext's.

@@ -736,3 +736,76 @@ fn a_token_of_the_era_in_force_within_the_reservation_is_passed() {
     checks.above("the grants after it", &after, &[theirs]);
     checks.finish();
 }
+
+/// Third attack pass: a superuser gives schema lockext to a role without superuser (so
+/// row-level security applies to lockext's statements), turns it on for lockext.locks with
+/// a policy that compares through an operator of its own, whose LEAKPROOF function writes
+/// a lease: the planner estimates the operator on the column's most common values while
+/// lockext's read-only look is planned, before its permission check. A member then plants
+/// a token by a grant in a REPEATABLE READ transaction. No record may be made or used.
+#[test]
+fn a_policy_whose_operator_writes_while_planned_keeps_adoption_unshared() {
+    let mut checks = Checks::new("Policy operator");
+    let cluster = Cluster::start("adopt-policy", NO_REAPER);
+    let mut watch = cluster.connect();
+    recorded(&cluster, "postgres", &mut watch, &mut checks, "policy");
+    let theirs = foreign_token(88);
+    watch
+        .batch_execute(&format!(
+            "CREATE ROLE lkowner NOLOGIN;
+             GRANT ALL ON ALL TABLES IN SCHEMA lockext TO lkowner;
+             GRANT ALL ON ALL SEQUENCES IN SCHEMA lockext TO lkowner;
+             GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA lockext TO lkowner;
+             GRANT USAGE, CREATE ON SCHEMA lockext TO lkowner;
+             ALTER SCHEMA lockext OWNER TO lkowner;
+             CREATE FUNCTION public.evil_op(text, text) RETURNS boolean LANGUAGE plpgsql
+               SECURITY DEFINER LEAKPROOF SET search_path = pg_catalog AS $$
+             DECLARE x text; BEGIN
+               IF current_setting('adopt.plant', true) = 'on' THEN
+                 x := set_config('adopt.plant', 'off', false);
+                 INSERT INTO lockext.locks (lock_id, owner, fence_token, holder_role,
+                   acquired_at, expires_at)
+                 VALUES ('planted', 'o', {theirs}, 10, now(), now() + interval '1 hour');
+               END IF;
+               RETURN false; END $$;
+             CREATE OPERATOR public.<<< (PROCEDURE = public.evil_op, LEFTARG = text,
+               RIGHTARG = text, RESTRICT = eqsel);
+             ALTER TABLE lockext.locks ENABLE ROW LEVEL SECURITY;
+             CREATE POLICY sel ON lockext.locks FOR SELECT
+               USING (NOT (owner OPERATOR(public.<<<) 'zz'));
+             CREATE POLICY ins ON lockext.locks FOR INSERT WITH CHECK (true);
+             CREATE POLICY upd ON lockext.locks FOR UPDATE USING (true);
+             CREATE POLICY del ON lockext.locks FOR DELETE USING (true);
+             CREATE ROLE atk LOGIN IN ROLE lockext_user"
+        ))
+        .expect("the superuser's set-up");
+    for i in 0..6 {
+        grant(&mut watch, &format!("mcv-{i}"), "o");
+    }
+    sql(&mut watch, "ANALYZE lockext.locks");
+    recorded_or_not(&cluster, &mut watch, &mut checks, "policy");
+    let mut atk = cluster.connect_as("atk", "postgres");
+    let planted = atk.batch_execute(
+        "BEGIN ISOLATION LEVEL REPEATABLE READ; SET adopt.plant = 'on'; \
+         SELECT lockext.lock_acquire('atk-1', 'o', '10 seconds'); COMMIT",
+    );
+    drop(atk);
+    let there = count(
+        &mut watch,
+        "SELECT count(*) FROM lockext.locks WHERE lock_id = 'planted'",
+    );
+    let (after, reads) = first_grant(&cluster, "postgres", "after", &mut watch);
+    println!(
+        "planted: {planted:?}, rows {there}; after {after} (read {reads} times); theirs {theirs}"
+    );
+    checks.check(
+        there == 1,
+        format!("the operator's function wrote its lease ({there})"),
+    );
+    checks.above(
+        "the first grant after the planted lease",
+        &[after],
+        &[theirs],
+    );
+    checks.finish();
+}
