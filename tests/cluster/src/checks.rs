@@ -125,6 +125,21 @@ pub fn grant_many(c: &mut Client, prefix: &str, n: usize) -> Vec<i64> {
         .collect()
 }
 
+/// Runs each `;`-separated statement on its own (ALTER SYSTEM, DROP DATABASE and CREATE
+/// DATABASE refuse to run inside one multi-statement batch), failing with the statement
+/// and the server's message.
+pub fn sql(c: &mut Client, text: &str) {
+    for statement in text.split(';').map(str::trim).filter(|s| !s.is_empty()) {
+        c.batch_execute(statement).unwrap_or_else(|e| {
+            let why = e
+                .as_db_error()
+                .map(|d| d.message().to_string())
+                .unwrap_or_else(|| e.to_string());
+            panic!("{statement}: {why}")
+        });
+    }
+}
+
 pub fn count(c: &mut Client, sql: &str) -> i64 {
     c.query_one(sql, &[]).expect(sql).get(0)
 }

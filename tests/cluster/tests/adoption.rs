@@ -30,18 +30,6 @@ const WITHIN: Duration = Duration::from_secs(60);
 /// tests' connections depend on when a round ran.
 const NO_REAPER: &str = "lockext.database = ''";
 
-fn sql(c: &mut Client, text: &str) {
-    for statement in text.split(';').map(str::trim).filter(|s| !s.is_empty()) {
-        c.batch_execute(statement).unwrap_or_else(|e| {
-            let why = e
-                .as_db_error()
-                .map(|d| d.message().to_string())
-                .unwrap_or_else(|| e.to_string());
-            panic!("{statement}: {why}")
-        });
-    }
-}
-
 fn evidence_reads(c: &mut Client) -> i64 {
     count(
         c,

@@ -17,20 +17,6 @@ use lockext_cluster_tests::*;
 
 const WITHIN: Duration = Duration::from_secs(60);
 
-/// Runs each `;`-separated statement on its own (ALTER SYSTEM, DROP DATABASE and CREATE
-/// DATABASE refuse to run inside one multi-statement batch).
-fn sql(c: &mut Client, text: &str) {
-    for statement in text.split(';').map(str::trim).filter(|s| !s.is_empty()) {
-        c.batch_execute(statement).unwrap_or_else(|e| {
-            let why = e
-                .as_db_error()
-                .map(|d| d.message().to_string())
-                .unwrap_or_else(|| e.to_string());
-            panic!("{statement}: {why}")
-        });
-    }
-}
-
 /// Starts `standby` as a server of its own: no primary to stream from, then promoted.
 fn promote_alone(standby: &Cluster) -> Client {
     let auto = standby.data().join("postgresql.auto.conf");
