@@ -14,9 +14,8 @@
 //! and otherwise by a restore, a hand-made `INSERT`, `UPDATE` or `COPY`, a logical
 //! replication worker, or something a superuser added to lockext's tables (a trigger, a
 //! rule, a policy's function, a table inheriting from one or that one inherits from, a
-//! relation put in place of one). Each
-//! database has a **generation**, raised when a transaction that can have changed the
-//! evidence commits or prepares:
+//! relation put in place of one). Each database has a **generation**, raised when a
+//! transaction that can have changed the evidence commits or prepares:
 //! - one that wrote a relation of schema `lockext` by a statement other than lockext's own
 //!   (the executor's permission hook sees every statement's plan start and every `COPY
 //!   FROM`, whoever runs them, `pgversion::on_statement_checked`; a trigger's or a rule's
@@ -51,10 +50,10 @@
 //!   lockext's statement writes, with no statement of its own; an index or statistics
 //!   expression, or an operator a policy uses, runs while lockext's statement is planned,
 //!   before its permission check), no rule but a view's, no row-level security, no
-//!   inheritance link. Whatever
-//!   changes that afterwards is DDL, which raises the generation: the entry is not used
-//!   again, and the next one is made only once the check passes again. The check trusts
-//!   the extension's membership: a function a superuser adds to the extension is lockext's.
+//!   inheritance link. Whatever changes that afterwards is DDL, which raises the
+//!   generation: the entry is not used again, and the next one is made only once the check
+//!   passes again. The check trusts the extension's membership: a function a superuser
+//!   adds to the extension is lockext's.
 //! - The table lives in shared memory: a restart (or a crash, which resets shared memory)
 //!   empties it, and a server made by `pg_upgrade`, restored from a backup, or promoted
 //!   (a standby adopts nothing) starts with nothing to trust.

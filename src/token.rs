@@ -28,7 +28,8 @@
 //! lowered) so that the next token is above every token the evidence says this database's
 //! history can have handed out (`wanted`). Evidence this cluster wrote under its ledger
 //! needs nothing. The evidence is read once per server rather than once per backend while
-//! nothing but lockext's own statements writes lockext's tables (`adopted.rs`). A row from another cluster can lag its source's era by one (its source
+//! nothing but lockext's own statements writes lockext's tables (`adopted.rs`). A row from
+//! another cluster can lag its source's era by one (its source
 //! may mint in a new era before the row's write commits), so it is passed by two.
 //!
 //! **Limits.** 2^41 - 1 = 2.2 * 10^12 grants per cluster (the counter is shared by every
